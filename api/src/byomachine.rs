@@ -1,0 +1,116 @@
+//! `ByoMachine` (CAPI InfraMachine) and `ByoMachineTemplate` (InfraMachineTemplate).
+
+use crate::common::{Initialization, MachineAddress, TemplateMeta, TypedLocalObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a ByoMachine: which hosts it may claim and how to install Kubernetes.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "ByoMachine",
+    plural = "byomachines",
+    namespaced,
+    status = "ByoMachineStatus",
+    shortname = "byom",
+    category = "cluster-api",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']","description":"Cluster this machine belongs to"}"#,
+    printcolumn = r#"{"name":"Host","type":"string","jsonPath":".status.hostRef.name","description":"Claimed ByoHost"}"#,
+    printcolumn = r#"{"name":"ProviderID","type":"string","jsonPath":".spec.providerID"}"#,
+    printcolumn = r#"{"name":"Provisioned","type":"boolean","jsonPath":".status.initialization.provisioned"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ByoMachineSpec {
+    /// Narrows the ByoHosts this machine may claim (in its own namespace). Absent matches all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+
+    /// Provider ID of the claimed host, `byoh://<host>/<unique id>`; set by the controller once
+    /// the host is claimed, then immutable.
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[x_kube(validation = Rule::new("self.startsWith('byoh://')").message("providerID must start with byoh://"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("providerID is immutable once set"))]
+    pub provider_id: Option<String>,
+
+    /// The `K8sInstallerConfigTemplate` to clone for this machine. Absent means Kubernetes is
+    /// pre-installed on the hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installer_ref: Option<TypedLocalObjectReference>,
+}
+
+/// Observed state of a ByoMachine.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ByoMachineStatus {
+    /// CAPI v1beta2 contract: `provisioned` becomes true once the host bootstrapped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<Initialization>,
+
+    /// The claimed ByoHost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ref: Option<HostReference>,
+
+    /// Node addresses reported by the host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<MachineAddress>,
+
+    /// Failure domain of the claimed host, if it carries one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+
+    /// Standard conditions: `Ready`, `Paused`, `HostClaimed`, ...
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Reference to the ByoHost a machine claimed.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostReference {
+    /// Name of the ByoHost (same namespace).
+    pub name: String,
+    /// UID of the ByoHost.
+    pub uid: String,
+}
+
+/// A template for ByoMachines, used by KubeadmControlPlane, MachineDeployment and ClusterClass.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "ByoMachineTemplate",
+    plural = "byomachinetemplates",
+    namespaced,
+    shortname = "byomt",
+    category = "cluster-api",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ByoMachineTemplateSpec {
+    /// The ByoMachine to stamp out.
+    pub template: ByoMachineTemplateResource,
+}
+
+/// `spec.template` of a ByoMachineTemplate.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ByoMachineTemplateResource {
+    /// Labels and annotations for the created ByoMachines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMeta>,
+    /// Spec of the created ByoMachines.
+    pub spec: ByoMachineSpec,
+}

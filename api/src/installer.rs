@@ -1,0 +1,150 @@
+//! `K8sInstallerConfig` and `K8sInstallerConfigTemplate`: how a host gets its Kubernetes
+//! components (kubeadm, kubelet, kubectl, containerd).
+//!
+//! Exactly one source is chosen: `preinstalled` (verify only), `packages` (apt or dnf from a
+//! repository, exact versions, held), or `tarball` (downloaded artifacts, each verified against
+//! its sha256 before use).
+
+use crate::common::TemplateMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired installation for one machine.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "K8sInstallerConfig",
+    plural = "k8sinstallerconfigs",
+    namespaced,
+    status = "K8sInstallerConfigStatus",
+    shortname = "k8sic",
+    category = "cluster-api",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.kubernetesVersion"}"#,
+    printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("[has(self.preinstalled), has(self.packages), has(self.tarball)].filter(x, x).size() == 1").message("exactly one of preinstalled, packages or tarball must be set"))]
+#[serde(rename_all = "camelCase")]
+pub struct K8sInstallerConfigSpec {
+    /// Components are already on the host; the agent only checks their versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preinstalled: Option<PreinstalledSource>,
+    /// Install from an apt or dnf repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<PackagesSource>,
+    /// Install downloaded binaries and bundles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tarball: Option<TarballSource>,
+}
+
+/// `preinstalled` source: nothing to install.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreinstalledSource {
+    /// Skip comparing `kubeadm version` and `kubelet --version` with the Machine's version.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skip_version_check: bool,
+}
+
+/// `packages` source: a package repository and exact versions.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackagesSource {
+    /// apt repository: the `URIs` of a deb822 source (e.g.
+    /// `https://pkgs.k8s.io/core:/stable:/v1.36/deb/`), used on Debian and Ubuntu hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apt_repository: Option<String>,
+    /// dnf repository `baseurl`, used on RHEL-family hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dnf_repository: Option<String>,
+    /// URL of the repository's signing key.
+    #[serde(default, rename = "keyURL", skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('https://')").message("keyURL must be an https URL"))]
+    pub key_url: Option<String>,
+    /// Exact package version to install and hold (e.g. `1.36.1-1.1`); absent means the
+    /// Machine's Kubernetes version with the repository's usual suffix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_pin: Option<String>,
+}
+
+/// `tarball` source: each artifact by URL and sha256.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TarballSource {
+    /// The `kubeadm` binary.
+    pub kubeadm: Artifact,
+    /// The `kubelet` binary.
+    pub kubelet: Artifact,
+    /// The `kubectl` binary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubectl: Option<Artifact>,
+    /// A containerd release bundle (`.tar.gz` laid out from `/`); absent keeps the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containerd: Option<Artifact>,
+    /// A CNI plugins bundle (`.tgz` extracted into `/opt/cni/bin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_plugins: Option<Artifact>,
+}
+
+/// A downloadable file, verified before use.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    /// `http://` or `https://` URL of the file.
+    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("url must be http(s)"))]
+    pub url: String,
+    /// Lower-case hex SHA-256 of the file (64 characters).
+    #[x_kube(validation = Rule::new("self.matches('^[0-9a-f]{64}$')").message("sha256 must be 64 lower-case hex digits"))]
+    pub sha256: String,
+}
+
+/// Observed state of an installer config.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct K8sInstallerConfigStatus {
+    /// True once the config is resolved for its machine and a host may act on it.
+    #[serde(default)]
+    pub ready: bool,
+    /// The Kubernetes version resolved from the owner Machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    /// Standard conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A template for K8sInstallerConfigs, referenced by `ByoMachine.spec.installerRef`.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "K8sInstallerConfigTemplate",
+    plural = "k8sinstallerconfigtemplates",
+    namespaced,
+    shortname = "k8sict",
+    category = "cluster-api",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct K8sInstallerConfigTemplateSpec {
+    /// The installer config to stamp out per machine.
+    pub template: K8sInstallerConfigTemplateResource,
+}
+
+/// `spec.template` of a K8sInstallerConfigTemplate.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct K8sInstallerConfigTemplateResource {
+    /// Labels and annotations for the created configs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMeta>,
+    /// Spec of the created configs.
+    pub spec: K8sInstallerConfigSpec,
+}

@@ -1,0 +1,48 @@
+//! Label and annotation keys BYOH reads or writes, and the CAPI ones it honours.
+//!
+//! Label values must be valid Kubernetes label values (at most 63 characters); names that may be
+//! longer go into annotations.
+
+/// CAPI: the Cluster an object belongs to (label). Source: `cluster.x-k8s.io/cluster-name`
+/// in the Cluster API book, "Provider contracts".
+pub const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
+
+/// CAPI: an object (or its Cluster) is paused (annotation). Reconcilers do nothing but report
+/// the `Paused` condition.
+pub const PAUSED: &str = "cluster.x-k8s.io/paused";
+
+/// CAPI: an object is managed by something other than its provider's controller (annotation);
+/// the ByoCluster reconciler then leaves it alone.
+pub const MANAGED_BY: &str = "cluster.x-k8s.io/managed-by";
+
+/// CAPI: the contract versions a CRD implements (label on the CRD, value `v1beta2`).
+pub const CONTRACT_V1BETA2: &str = "cluster.x-k8s.io/v1beta2";
+
+/// clusterctl: which provider a component belongs to (label on every installed object).
+pub const PROVIDER: &str = "cluster.x-k8s.io/provider";
+
+/// Value of [`PROVIDER`] for BYOH.
+pub const PROVIDER_NAME: &str = "infrastructure-byoh";
+
+/// ClusterClass: a request is a dry-run of the topology controller (annotation); template
+/// immutability checks skip it.
+pub const TOPOLOGY_DRY_RUN: &str = "topology.cluster.x-k8s.io/dry-run";
+
+/// ByoHost: operating system `ID` (label set by the agent, e.g. `debian`).
+pub const HOST_OS: &str = "byoh.infrastructure.cluster.x-k8s.io/os";
+
+/// ByoHost: Debian architecture name (label set by the agent, `amd64` or `arm64`).
+pub const HOST_ARCH: &str = "byoh.infrastructure.cluster.x-k8s.io/arch";
+
+/// ByoHost: Kubernetes version pre-installed on the host (label set by the agent when known).
+pub const HOST_K8S_VERSION: &str = "byoh.infrastructure.cluster.x-k8s.io/k8s-version";
+
+/// ByoHost: name of the ByoMachine that claimed it (label set by the controller with the claim).
+pub const MACHINE_NAME: &str = "byoh.infrastructure.cluster.x-k8s.io/byomachine-name";
+
+/// ByoMachine: release the host at once, without waiting for the agent's clean-up
+/// (annotation; the host is then marked `NeedsCleanup`).
+pub const FORCE_RELEASE: &str = "byoh.infrastructure.cluster.x-k8s.io/force-release";
+
+/// Well-known zone label; a ByoHost's failure domain.
+pub const FAILURE_DOMAIN: &str = "topology.kubernetes.io/zone";

@@ -1,0 +1,7 @@
+//! Build script: records the git commit and build date for `byoh-controller version`.
+
+include!("../build-support/version.rs");
+
+fn main() {
+    emit_version_env();
+}

@@ -1,0 +1,18 @@
+//! `byoh-controller`: the BYOH Cluster API infrastructure provider.
+//!
+//! Runs in the management cluster. It provisions ByoClusters, lets ByoMachines claim free
+//! ByoHosts, approves the hosts' certificate requests and generates the provider's manifests.
+//! See `docs/architecture.md`.
+
+pub mod cli;
+pub mod manifests;
+
+/// Version text printed by `byoh-controller version`: crate version, git commit, build date.
+pub const VERSION_TEXT: &str = concat!(
+    "byoh-controller ",
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit: ",
+    env!("BYOH_GIT_COMMIT"),
+    "\nbuild date: ",
+    env!("BYOH_BUILD_DATE")
+);

@@ -1,0 +1,1 @@
+//! Booted systemd hosts from `tests/hosts/*` (filled in by issue 4).

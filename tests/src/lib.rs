@@ -1,0 +1,17 @@
+//! Test bed for BYOH's integration and system tests.
+//!
+//! - [`control_plane`]: a real kube-apiserver + etcd + kube-controller-manager started by
+//!   `tests/control-plane/up` (once per `make test`), and a `kube::Client` for it.
+//! - [`hosts`]: booted Debian 12 systemd hosts (systemd-nspawn) from `tests/hosts/*`.
+//!
+//! Tests that need these parts skip with a clear message when run outside `make test`
+//! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
+
+pub mod control_plane;
+pub mod hosts;
+
+/// Whether the test bed must be present (set by `make test`): missing parts fail tests instead
+/// of skipping them.
+pub fn test_bed_required() -> bool {
+    std::env::var_os("BYOH_TEST_REQUIRE_ALL").is_some_and(|v| v == "1")
+}
