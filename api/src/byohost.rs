@@ -68,6 +68,7 @@ pub struct HostClaim {
 
     /// providerID the Node must carry, `byoh://<host>/<unique id>`; the agent passes it to the
     /// kubelet with `--provider-id` before the join.
+    #[serde(rename = "providerID")]
     #[x_kube(validation = Rule::new("self.startsWith('byoh://')").message("providerID must start with byoh://"))]
     pub provider_id: String,
 
