@@ -5,6 +5,7 @@
 //! bootstrap, reset). See `docs/architecture.md`.
 
 pub mod cli;
+pub mod config;
 
 /// Version text printed by `byoh-agent version`: crate version, git commit, build date.
 pub const VERSION_TEXT: &str = concat!(

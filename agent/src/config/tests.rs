@@ -1,0 +1,287 @@
+use super::*;
+use std::io::Write;
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    path
+}
+
+fn load_text(text: &str) -> Result<Settings, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let main = write(dir.path(), "agent.toml", text);
+    load(&main, Overrides::default())
+}
+
+#[test]
+fn empty_file_gives_the_documented_defaults() {
+    let s = load_text("").unwrap();
+    assert_eq!(s.namespace, "default");
+    assert_eq!(
+        s.credentials,
+        Credentials::Bootstrap("/etc/byoh/bootstrap-kubeconfig".into())
+    );
+    assert_eq!(s.state_dir, PathBuf::from("/var/lib/byoh"));
+    assert_eq!(s.download_dir, PathBuf::from("/var/lib/byoh/downloads"));
+    assert_eq!(s.lease_duration, Duration::from_secs(40));
+    assert_eq!(s.log_level, "info");
+    assert_eq!(s.metrics_address, None);
+    assert!(!s.skip_installation && !s.skip_os_check);
+}
+
+#[test]
+fn sample_config_parses_and_equals_the_defaults() {
+    let sample = include_str!("../../../packaging/agent.toml");
+    let defaults = load_text("").unwrap();
+    let mut s = load_text(sample).unwrap();
+    s.files.clone_from(&defaults.files);
+    assert_eq!(s, defaults);
+    // Every key of the schema appears in the sample, commented.
+    for key in [
+        "namespace",
+        "bootstrap_kubeconfig",
+        "kubeconfig",
+        "certificate_lifetime",
+        "name",
+        "labels",
+        "skip_installation",
+        "skip_os_check",
+        "state_dir",
+        "download_dir",
+        "log_level",
+        "lease_duration",
+        "metrics_address",
+    ] {
+        assert!(
+            sample.contains(&format!("# {key} = ")),
+            "sample lacks {key}"
+        );
+    }
+    // Uncommenting every key yields a valid config too.
+    let uncommented: String = sample
+        .lines()
+        .map(|l| {
+            l.strip_prefix("# ")
+                .filter(|r| r.contains(" = "))
+                .unwrap_or(l)
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let s = load_text(&uncommented).unwrap();
+    assert_eq!(
+        s.credentials,
+        Credentials::Kubeconfig("/etc/byoh/kubeconfig".into())
+    );
+    assert_eq!(s.labels.get("site").map(String::as_str), Some("apac"));
+}
+
+#[test]
+fn full_config_is_typed() {
+    let s = load_text(
+        r#"
+[cluster]
+namespace = "pool-a"
+kubeconfig = "/etc/byoh/kubeconfig"
+certificate_lifetime = "48h"
+[host]
+name = "worker-01"
+labels = { site = "apac", "example.com/rack" = "r1" }
+skip_installation = true
+[agent]
+state_dir = "/srv/byoh"
+log_level = "DEBUG"
+lease_duration = "1m"
+metrics_address = "127.0.0.1:9101"
+"#,
+    )
+    .unwrap();
+    assert_eq!(s.namespace, "pool-a");
+    assert_eq!(s.certificate_lifetime, Duration::from_secs(48 * 3600));
+    assert_eq!(s.host_name.as_deref(), Some("worker-01"));
+    assert_eq!(s.labels.len(), 2);
+    assert!(s.skip_installation);
+    assert_eq!(s.state_dir, PathBuf::from("/srv/byoh"));
+    assert_eq!(s.log_level, "debug");
+    assert_eq!(s.lease_duration, Duration::from_secs(60));
+    assert_eq!(s.metrics_address, Some("127.0.0.1:9101".parse().unwrap()));
+}
+
+#[test]
+fn unknown_key_names_file_line_and_key() {
+    let err = load_text("[agent]\nlog_level = \"info\"\nlease_duraton = \"40s\"\n").unwrap_err();
+    assert_eq!(err.0.len(), 1);
+    let p = &err.0[0];
+    assert_eq!(p.key, "agent.lease_duraton");
+    assert!(
+        matches!(&p.origin, Origin::File { line: 3, path } if path.ends_with("agent.toml")),
+        "{p}"
+    );
+    assert!(p.message.contains("unknown field `lease_duraton`"), "{p}");
+    let text = err.to_string();
+    assert!(
+        text.contains("agent.toml:3: agent.lease_duraton: unknown field"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unknown_table_and_wrong_type_are_errors() {
+    let err = load_text("[hosts]\nname = \"x\"\n").unwrap_err();
+    assert!(err.0[0].message.contains("unknown field `hosts`"), "{err}");
+    let err = load_text("[host]\nskip_installation = \"yes\"\n").unwrap_err();
+    assert_eq!(err.0[0].key, "host.skip_installation");
+    assert!(err.0[0].message.contains("bool"), "{err}");
+    assert!(matches!(err.0[0].origin, Origin::File { line: 2, .. }));
+    let err = load_text("[agent\n").unwrap_err();
+    assert!(
+        matches!(err.0[0].origin, Origin::File { line: 1, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_values_are_all_reported_with_lines() {
+    let err = load_text(
+        "[cluster]\nnamespace = \"Bad_NS\"\nbootstrap_kubeconfig = \"relative/path\"\n[agent]\nlease_duration = \"40x\"\nlog_level = \"loud\"\nmetrics_address = \"localhost\"\nstate_dir = \"var/lib\"\n[host]\nname = \"Worker_01\"\nlabels = { \"bad key!\" = \"v\" }\n",
+    )
+    .unwrap_err();
+    let keys: Vec<(&str, usize)> = err
+        .0
+        .iter()
+        .map(|p| match &p.origin {
+            Origin::File { line, .. } => (p.key.as_str(), *line),
+            o => panic!("unexpected origin {o}"),
+        })
+        .collect();
+    for expected in [
+        ("cluster.namespace", 2),
+        ("cluster.bootstrap_kubeconfig", 3),
+        ("agent.lease_duration", 5),
+        ("agent.log_level", 6),
+        ("agent.metrics_address", 7),
+        ("agent.state_dir", 8),
+        ("host.name", 10),
+        ("host.labels.bad key!", 11),
+    ] {
+        assert!(keys.contains(&expected), "{expected:?} missing in {keys:?}");
+    }
+    assert!(err.to_string().contains("expected e.g. \"40s\""), "{err}");
+}
+
+#[test]
+fn lease_and_certificate_durations_are_range_checked() {
+    let err = load_text("[agent]\nlease_duration = \"1s\"\n").unwrap_err();
+    assert!(err.0[0].message.contains("out of range"), "{err}");
+    let err = load_text("[cluster]\ncertificate_lifetime = \"9000h\"\n").unwrap_err();
+    assert!(err.0[0].message.contains("out of range"), "{err}");
+}
+
+#[test]
+fn drop_ins_apply_in_lexical_order_and_labels_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = write(
+        dir.path(),
+        "agent.toml",
+        "[host]\nlabels = { site = \"apac\", rack = \"r1\" }\n[agent]\nlog_level = \"warn\"\n",
+    );
+    write(
+        dir.path(),
+        "agent.toml.d/20-late.toml",
+        "[agent]\nlog_level = \"debug\"\n",
+    );
+    write(
+        dir.path(),
+        "agent.toml.d/10-early.toml",
+        "[agent]\nlog_level = \"error\"\n[host]\nlabels = { rack = \"r2\" }\n",
+    );
+    write(dir.path(), "agent.toml.d/README", "not toml, ignored");
+    let s = load(&main, Overrides::default()).unwrap();
+    assert_eq!(s.log_level, "debug");
+    assert_eq!(s.labels.get("site").map(String::as_str), Some("apac"));
+    assert_eq!(s.labels.get("rack").map(String::as_str), Some("r2"));
+    let names: Vec<_> = s
+        .files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(names, ["agent.toml", "10-early.toml", "20-late.toml"]);
+}
+
+#[test]
+fn error_in_a_drop_in_names_the_drop_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = write(dir.path(), "agent.toml", "");
+    write(
+        dir.path(),
+        "agent.toml.d/50-ansible.toml",
+        "\n\n[agent]\nbogus = 1\n",
+    );
+    let err = load(&main, Overrides::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("50-ansible.toml:4: agent.bogus"),
+        "{err}"
+    );
+}
+
+#[test]
+fn environment_then_flags_override_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = write(
+        dir.path(),
+        "agent.toml",
+        "[cluster]\nnamespace = \"from-file\"\n[agent]\nlog_level = \"warn\"\n",
+    );
+    let env = Overrides::from_env(|k| match k {
+        "BYOH_NAMESPACE" => Some("from-env".into()),
+        "BYOH_LOG_LEVEL" => Some("error".into()),
+        _ => None,
+    });
+    let flags = Overrides {
+        log_level: Some(Sourced {
+            value: "trace".into(),
+            origin: Origin::Flag("--log-level"),
+        }),
+        ..Default::default()
+    };
+    let s = load(&main, env.with(flags)).unwrap();
+    assert_eq!(s.namespace, "from-env");
+    assert_eq!(s.log_level, "trace");
+    let bad = Overrides::from_env(|k| (k == "BYOH_NAMESPACE").then(|| "NOPE".into()));
+    let err = load(&main, bad).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("environment variable BYOH_NAMESPACE: cluster.namespace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_main_file_is_reported() {
+    let err = load(
+        Path::new("/nonexistent/byoh/agent.toml"),
+        Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("/nonexistent/byoh/agent.toml:1: cannot read"),
+        "{err}"
+    );
+}
+
+#[test]
+fn label_rules() {
+    assert!(check_label("site", "apac").is_ok());
+    assert!(check_label("example.com/rack", "").is_ok());
+    assert!(check_label("byoh.infrastructure.cluster.x-k8s.io/os", "debian").is_err());
+    assert!(check_label("-x", "v").is_err());
+    assert!(check_label("x", &"v".repeat(64)).is_err());
+    assert!(check_dns_subdomain("worker-01.example").is_ok());
+    assert!(check_dns_subdomain("Worker").is_err());
+}
