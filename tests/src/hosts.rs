@@ -1,1 +1,596 @@
-//! Booted systemd hosts from `tests/hosts/*` (filled in by issue 4).
+//! Booted Debian 12 systemd hosts (systemd-nspawn over a per-host overlayfs copy of a cached
+//! image), driven through the scripts in `tests/hosts/` (see `docs/local_dev.md`, "Test hosts").
+//!
+//! Each [`Host`] is a real systemd host: systemd as PID 1, D-Bus, journald, containerd. It
+//! shares the network of the machine running the tests, so an agent inside reaches a test API
+//! server on 127.0.0.1. The workspace's `dist/` and `target/` are mounted read-only inside at
+//! [`DIST_DIR`] and [`TARGET_DIR`]. A host is stopped (and its overlay removed) when dropped,
+//! unless `BYOH_TEST_HOSTS_KEEP=1` is set (to look inside after a failure).
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use byoh_tests::hosts::{self, Host};
+//! if !hosts::available() {
+//!     return Ok(()); // skipped (outside `make test` only)
+//! }
+//! let host = Host::boot("install-deb").await?; // named byoh-t-install-deb-<unique>
+//! host.run(&["systemctl", "is-active", "containerd.service"]).await?;
+//! let lines = host.journal_messages("containerd.service").await?;
+//! host.stop().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use anyhow::{Context as _, bail};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt as _;
+use tokio::process::Command;
+
+/// Prefix of the names of hosts booted by tests; `tests/run` stops every host with this prefix
+/// when it exits.
+pub const NAME_PREFIX: &str = "byoh-t-";
+
+/// Where the workspace's `dist/` is mounted (read-only) inside every host.
+pub const DIST_DIR: &str = "/byoh/dist";
+
+/// Where the workspace's `target/` is mounted (read-only) inside every host.
+pub const TARGET_DIR: &str = "/byoh/target";
+
+/// Environment variable naming the state directory of the hosts (as in `tests/hosts/lib.sh`).
+pub const HOSTS_DIR_ENV: &str = "BYOH_TEST_HOSTS_DIR";
+
+/// Default state directory of the hosts, one subdirectory per host.
+pub const DEFAULT_HOSTS_DIR: &str = "/var/tmp/byoh-test-hosts";
+
+/// Environment variable that, set to `1`, keeps hosts running when their [`Host`] is dropped.
+pub const KEEP_ENV: &str = "BYOH_TEST_HOSTS_KEEP";
+
+/// Directory of the host scripts (`tests/hosts/`).
+pub fn scripts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("hosts")
+}
+
+/// State directory of all hosts: [`HOSTS_DIR_ENV`] or [`DEFAULT_HOSTS_DIR`].
+pub fn hosts_dir() -> PathBuf {
+    std::env::var_os(HOSTS_DIR_ENV)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_HOSTS_DIR), PathBuf::from)
+}
+
+/// Why test hosts cannot run here (not root, no `systemd-nspawn`), or `None` when they can.
+pub fn unavailable_reason() -> Option<String> {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .map(|uids| uids.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    if !root {
+        return Some(
+            "test hosts need root (systemd-nspawn, overlayfs mounts, nsenter); run as root"
+                .to_string(),
+        );
+    }
+    let nspawn = ["/usr/bin/systemd-nspawn", "/bin/systemd-nspawn"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    if !nspawn {
+        return Some(
+            "systemd-nspawn is missing: install the Debian package systemd-container \
+             (or run tests/hosts/image, which installs it)"
+                .to_string(),
+        );
+    }
+    None
+}
+
+/// Whether tests can boot hosts here. When they cannot, prints why the test is skipped and
+/// returns `false`; panics instead when [`crate::test_bed_required`] (under `make test` a
+/// missing test bed is a failure).
+pub fn available() -> bool {
+    let Some(reason) = unavailable_reason() else {
+        return true;
+    };
+    if crate::test_bed_required() {
+        panic!("{reason}; BYOH_TEST_REQUIRE_ALL=1 requires test hosts");
+    }
+    // Straight to stderr, not eprintln!: the test harness would hide captured output.
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
+    false
+}
+
+/// A unique host name `byoh-t-<label>-<pid><n>` for this test process: `label` is lowercased,
+/// other characters than `[a-z0-9-]` become `-`, and it is cut to 32 characters.
+pub fn unique_name(label: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let mut clean: String = label
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-') => c,
+            _ => '-',
+        })
+        .take(32)
+        .collect();
+    if clean.is_empty() {
+        clean.push_str("host");
+    }
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{NAME_PREFIX}{clean}-{:x}{n}", std::process::id())
+}
+
+/// How to boot a host; [`BootOptions::default`] boots the plain image.
+#[derive(Debug, Clone, Default)]
+pub struct BootOptions {
+    /// Replaces `/etc/os-release` inside with this file (to test unsupported systems).
+    pub os_release: Option<PathBuf>,
+    /// How long to wait for `systemctl is-system-running`; the script's default (120 s) if
+    /// `None`.
+    pub timeout_secs: Option<u64>,
+}
+
+/// What a command run inside a host did.
+#[derive(Debug, Clone)]
+pub struct ExecOutput {
+    /// Exit status of the command (of `tests/hosts/exec` itself when the host is not running).
+    pub status: ExitStatus,
+    /// Standard output, as UTF-8 (invalid sequences replaced).
+    pub stdout: String,
+    /// Standard error, as UTF-8 (invalid sequences replaced).
+    pub stderr: String,
+}
+
+impl ExecOutput {
+    /// Whether the command exited with status 0.
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+}
+
+/// A booted test host. Stopped (powered off, overlay unmounted and removed) by [`Host::stop`],
+/// or when dropped.
+#[derive(Debug)]
+pub struct Host {
+    name: String,
+    dir: PathBuf,
+    stopped: bool,
+}
+
+impl Host {
+    /// Boots a host named [`unique_name`]`(label)` from the cached image (built first if
+    /// missing, which takes a few minutes once). Returns when systemd inside reports `running`
+    /// or `degraded`.
+    ///
+    /// Errors when `tests/hosts/boot` fails; the error holds its output (with the tail of the
+    /// console log on a boot time-out).
+    pub async fn boot(label: &str) -> anyhow::Result<Host> {
+        Self::boot_with(label, &BootOptions::default()).await
+    }
+
+    /// Like [`Host::boot`], with options.
+    pub async fn boot_with(label: &str, options: &BootOptions) -> anyhow::Result<Host> {
+        let name = unique_name(label);
+        let mut cmd = Command::new(scripts_dir().join("boot"));
+        cmd.arg(&name);
+        if let Some(file) = &options.os_release {
+            cmd.arg("--os-release").arg(file);
+        }
+        if let Some(secs) = options.timeout_secs {
+            cmd.arg("--timeout").arg(secs.to_string());
+        }
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .with_context(|| format!("running tests/hosts/boot {name}"))?;
+        // From here on the host may exist (even half-started): dropping `host` cleans it up.
+        let host = Host {
+            dir: hosts_dir().join(&name),
+            name,
+            stopped: false,
+        };
+        if !out.status.success() {
+            bail!(
+                "tests/hosts/boot {} failed ({}):\n{}{}",
+                host.name,
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(host)
+    }
+
+    /// Boots one host per label, concurrently. Errors when any boot fails (the hosts that did
+    /// boot are stopped).
+    pub async fn boot_many(labels: &[&str]) -> anyhow::Result<Vec<Host>> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, label) in labels.iter().enumerate() {
+            let label = label.to_string();
+            tasks.spawn(async move { (i, Host::boot(&label).await) });
+        }
+        let mut hosts: Vec<Option<Host>> = labels.iter().map(|_| None).collect();
+        let mut first_error = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((i, Ok(host))) => hosts[i] = Some(host),
+                Ok((_, Err(e))) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(anyhow::Error::new(e).context("boot task failed"));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e); // dropping `hosts` stops those that booted
+        }
+        Ok(hosts.into_iter().flatten().collect())
+    }
+
+    /// The host's name: its machine name and hostname.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The host's state directory (overlay dirs, console log, PID files).
+    pub fn state_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The console log of the host (boot messages of systemd).
+    pub fn console_log_path(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+
+    fn read_pid(&self, what: &str) -> anyhow::Result<u32> {
+        let path = self.dir.join(format!("{what}.pid"));
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {} of host {}", path.display(), self.name))?;
+        text.trim()
+            .parse()
+            .with_context(|| format!("{}: not a PID: {text:?}", path.display()))
+    }
+
+    /// PID (in the test machine's PID namespace) of the host's PID 1, its systemd.
+    pub fn leader_pid(&self) -> anyhow::Result<u32> {
+        self.read_pid("leader")
+    }
+
+    /// PID of the `systemd-nspawn` process running the host.
+    pub fn nspawn_pid(&self) -> anyhow::Result<u32> {
+        self.read_pid("nspawn")
+    }
+
+    /// Runs `args` inside the host (with `tests/hosts/exec`: all its namespaces, a clean
+    /// environment with a standard PATH) and captures its output; a non-zero exit status is not
+    /// an error here (see [`Host::run`]).
+    ///
+    /// Errors when `args` is empty or the exec script cannot be started.
+    pub async fn exec(&self, args: &[&str]) -> anyhow::Result<ExecOutput> {
+        self.exec_with_input(args, &[]).await
+    }
+
+    /// Like [`Host::exec`], with `input` written to the command's standard input.
+    pub async fn exec_with_input(&self, args: &[&str], input: &[u8]) -> anyhow::Result<ExecOutput> {
+        let (status, stdout, stderr) = self.exec_raw(args, input).await?;
+        Ok(ExecOutput {
+            status,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        })
+    }
+
+    async fn exec_raw(
+        &self,
+        args: &[&str],
+        input: &[u8],
+    ) -> anyhow::Result<(ExitStatus, Vec<u8>, Vec<u8>)> {
+        if args.is_empty() {
+            bail!("no command given to run in host {}", self.name);
+        }
+        let what = || format!("running {args:?} in host {}", self.name);
+        let mut child = Command::new(scripts_dir().join("exec"))
+            .arg(&self.name)
+            .arg("--")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(what)?;
+        let mut stdin = child.stdin.take().context("stdin of tests/hosts/exec")?;
+        let input = input.to_vec();
+        // Written concurrently with reading the output, so neither side can block the other.
+        let writer = tokio::spawn(async move {
+            let result = stdin.write_all(&input).await;
+            drop(stdin); // EOF
+            result
+        });
+        let out = child.wait_with_output().await.with_context(what)?;
+        // A command that exits without reading all its input is not an error here, so the
+        // write's own result is ignored; only a panicked writer task is.
+        if let Err(e) = writer.await {
+            return Err(anyhow::Error::new(e).context(what()));
+        }
+        Ok((out.status, out.stdout, out.stderr))
+    }
+
+    /// Runs `args` inside the host and returns its standard output.
+    ///
+    /// Errors when the command does not exit with status 0; the error holds the command, the
+    /// status and its standard error.
+    pub async fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.exec(args).await?;
+        if !out.success() {
+            bail!(
+                "{args:?} in host {} failed ({}):\nstdout: {}\nstderr: {}",
+                self.name,
+                out.status,
+                out.stdout.trim_end(),
+                out.stderr.trim_end()
+            );
+        }
+        Ok(out.stdout)
+    }
+
+    /// Writes `contents` to the absolute path `path` inside the host with permission bits
+    /// `mode` (e.g. `0o644`), creating parent directories.
+    ///
+    /// Errors when the write fails inside the host.
+    pub async fn write_file(&self, path: &str, contents: &[u8], mode: u32) -> anyhow::Result<()> {
+        let mode = format!("{mode:o}");
+        let script = r#"mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1""#;
+        let (status, _, stderr) = self
+            .exec_raw(&["sh", "-c", script, "sh", path, &mode], contents)
+            .await?;
+        if !status.success() {
+            bail!(
+                "writing {path} (mode {mode}) in host {} failed ({status}): {}",
+                self.name,
+                String::from_utf8_lossy(&stderr).trim_end()
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies the local file `local` to the absolute path `dest` inside the host, with `mode`.
+    ///
+    /// Errors when `local` cannot be read or the write fails inside the host.
+    pub async fn copy_in(&self, local: &Path, dest: &str, mode: u32) -> anyhow::Result<()> {
+        let contents = tokio::fs::read(local)
+            .await
+            .with_context(|| format!("reading {} to copy into {}", local.display(), self.name))?;
+        self.write_file(dest, &contents, mode).await
+    }
+
+    /// Reads the file at `path` inside the host.
+    ///
+    /// Errors when it cannot be read there (missing, a directory, ...).
+    pub async fn read_file(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        let (status, stdout, stderr) = self.exec_raw(&["cat", "--", path], &[]).await?;
+        if !status.success() {
+            bail!(
+                "reading {path} in host {} failed ({status}): {}",
+                self.name,
+                String::from_utf8_lossy(&stderr).trim_end()
+            );
+        }
+        Ok(stdout)
+    }
+
+    /// Reads the file at `path` inside the host as UTF-8 text.
+    pub async fn read_to_string(&self, path: &str) -> anyhow::Result<String> {
+        let bytes = self.read_file(path).await?;
+        String::from_utf8(bytes).with_context(|| format!("{path} in host {}: not UTF-8", self.name))
+    }
+
+    /// The journal of `unit` inside the host: one JSON object per entry
+    /// (`journalctl -u UNIT -o json`; fields as in systemd.journal-fields(7), e.g. `MESSAGE`,
+    /// `PRIORITY`, `_PID`).
+    ///
+    /// Errors when journalctl fails or prints a line that is not JSON.
+    pub async fn journal(&self, unit: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        let out = self
+            .run(&["journalctl", "--no-pager", "-o", "json", "-u", unit])
+            .await?;
+        out.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).with_context(|| {
+                    format!("journal of {unit} in host {}: not JSON: {l}", self.name)
+                })
+            })
+            .collect()
+    }
+
+    /// The `MESSAGE` of each journal entry of `unit`, oldest first. journalctl gives a message
+    /// that is not valid UTF-8 as an array of bytes; it is decoded lossily.
+    pub async fn journal_messages(&self, unit: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .journal(unit)
+            .await?
+            .iter()
+            .filter_map(|entry| match &entry["MESSAGE"] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Array(bytes) => {
+                    let bytes: Vec<u8> = bytes
+                        .iter()
+                        .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                        .collect();
+                    Some(String::from_utf8_lossy(&bytes).into_owned())
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Waits until a journal message of `unit` contains `needle` (journald may take a moment to
+    /// store what a unit printed) and returns that message.
+    ///
+    /// Errors after `timeout`, with the messages seen so far.
+    pub async fn wait_for_journal(
+        &self,
+        unit: &str,
+        needle: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let messages = self.journal_messages(unit).await?;
+            if let Some(found) = messages.iter().find(|m| m.contains(needle)) {
+                return Ok(found.clone());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "no journal message of {unit} in host {} contains {needle:?} after {timeout:?}; \
+                     messages: {messages:#?}",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A property of a systemd unit read over the host's system bus
+    /// (`busctl get-property org.freedesktop.systemd1 /org/freedesktop/systemd1/unit/<escaped>
+    /// org.freedesktop.systemd1.Unit PROPERTY`), e.g. `ActiveState` → `active`. String values
+    /// come without their quotes; other types as busctl prints them after the type signature.
+    ///
+    /// Errors when busctl fails (no such unit loaded, no such property).
+    pub async fn unit_property(&self, unit: &str, property: &str) -> anyhow::Result<String> {
+        let path = unit_object_path(unit);
+        let out = self
+            .run(&[
+                "busctl",
+                "get-property",
+                "org.freedesktop.systemd1",
+                &path,
+                "org.freedesktop.systemd1.Unit",
+                property,
+            ])
+            .await?;
+        // busctl prints `SIGNATURE VALUE`, e.g. `s "active"`.
+        let value = out.trim_end().split_once(' ').map_or("", |(_, v)| v);
+        Ok(value
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(value)
+            .to_string())
+    }
+
+    /// Powers the host off and removes its overlay and state (`tests/hosts/stop`).
+    ///
+    /// Errors when the stop script fails (it then says what is left behind).
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.stopped = true;
+        let out = Command::new(scripts_dir().join("stop"))
+            .arg(&self.name)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .with_context(|| format!("running tests/hosts/stop {}", self.name))?;
+        if !out.status.success() {
+            bail!(
+                "tests/hosts/stop {} failed ({}): {}",
+                self.name,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim_end()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        if std::env::var_os(KEEP_ENV).is_some_and(|v| v == "1") {
+            let _ = writeln!(
+                std::io::stderr(),
+                "{KEEP_ENV}=1: leaving host {name} running; enter it with \
+                 `tests/hosts/exec {name} -- bash`, remove it with `tests/hosts/stop {name}`",
+                name = self.name
+            );
+            return;
+        }
+        // Blocking on purpose: the host must be gone before the test process may exit.
+        let result = std::process::Command::new(scripts_dir().join("stop"))
+            .arg(&self.name)
+            .stdin(Stdio::null())
+            .output();
+        let problem = match result {
+            Ok(out) if out.status.success() => return,
+            Ok(out) => format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim_end()
+            ),
+            Err(e) => e.to_string(),
+        };
+        let _ = writeln!(
+            std::io::stderr(),
+            "could not stop test host {name} ({problem}); run tests/hosts/stop {name}",
+            name = self.name
+        );
+    }
+}
+
+/// The D-Bus object path of a systemd unit: `/org/freedesktop/systemd1/unit/` and the name
+/// escaped as sd_bus_path_encode(3) does (every byte other than `[A-Za-z0-9]`, and a leading
+/// digit, becomes `_` and two lowercase hex digits), e.g. `containerd.service` →
+/// `/org/freedesktop/systemd1/unit/containerd_2eservice`.
+pub fn unit_object_path(unit: &str) -> String {
+    let mut path = String::from("/org/freedesktop/systemd1/unit/");
+    for (i, b) in unit.bytes().enumerate() {
+        if b.is_ascii_alphabetic() || (b.is_ascii_digit() && i > 0) {
+            path.push(char::from(b));
+        } else {
+            path.push_str(&format!("_{b:02x}"));
+        }
+    }
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_object_paths_are_escaped_like_sd_bus() {
+        assert_eq!(
+            unit_object_path("containerd.service"),
+            "/org/freedesktop/systemd1/unit/containerd_2eservice"
+        );
+        assert_eq!(
+            unit_object_path("getty@tty1.service"),
+            "/org/freedesktop/systemd1/unit/getty_40tty1_2eservice"
+        );
+        assert_eq!(
+            unit_object_path("9p-mount.service"),
+            "/org/freedesktop/systemd1/unit/_39p_2dmount_2eservice"
+        );
+    }
+
+    #[test]
+    fn unique_names_are_valid_and_distinct() {
+        let a = unique_name("Two Hosts/A");
+        let b = unique_name("Two Hosts/A");
+        assert_ne!(a, b);
+        assert!(a.starts_with("byoh-t-two-hosts-a-"), "{a}");
+        assert!(a.len() <= 63);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        );
+        assert!(unique_name(&"x".repeat(100)).len() <= 63);
+    }
+}

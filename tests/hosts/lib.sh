@@ -1,0 +1,86 @@
+# shellcheck shell=bash disable=SC2034 # variables used by the scripts that source this
+# Shared helpers of the test host scripts (tests/hosts/*); sourced, not run.
+# Layout of one host's state (BYOH_TEST_HOSTS_DIR, default /var/tmp/byoh-test-hosts):
+#   NAME/upper, NAME/work   overlayfs upper and work dirs (the host's writes)
+#   NAME/root               the overlay mount (lower: the pristine image) that nspawn boots
+#   NAME/containerd         bound to /var/lib/containerd (overlayfs cannot be an upper dir)
+#   NAME/console.log        the container's console (and nspawn's messages)
+#   NAME/nspawn.pid         PID of systemd-nspawn (host PID namespace)
+#   NAME/leader.pid         PID of the container's PID 1, systemd (host PID namespace)
+#   NAME/*.start            start time (field 22 of /proc/PID/stat) of that PID, against PID reuse
+#   NAME/image              path of the image the overlay is over
+
+HOSTS_DIR=${BYOH_TEST_HOSTS_DIR:-/var/tmp/byoh-test-hosts}
+HOSTS_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$HOSTS_SCRIPTS/../.." && pwd)
+# PATH for commands run inside a host (`exec`), and for the host's own tools here.
+GUEST_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH="$PATH:/usr/sbin:/sbin"
+
+die() {
+  echo "${0##*/}: $*" >&2
+  exit 1
+}
+
+need_root() {
+  [[ $(id -u) == 0 ]] || die "must run as root (systemd-nspawn, overlayfs mounts and nsenter need it)"
+}
+
+# Host names become directory names, machine names and hostnames: keep them plain.
+check_name() {
+  [[ ${1:-} =~ ^[a-z0-9][a-z0-9-]{0,62}$ ]] ||
+    die "bad host name '${1:-}': use 1-63 of [a-z0-9-], starting with a letter or digit"
+}
+
+# start_time PID: field 22 of /proc/PID/stat (clock ticks since boot), empty if PID is gone.
+start_time() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  # The comm field (2) may hold spaces; cut after its closing parenthesis.
+  stat=${stat##*) }
+  # Now field 3 of the original line is field 1 here: start time is field 22 - 2 = 20.
+  awk '{print $20}' <<<"$stat"
+}
+
+# alive DIR WHAT: true if the PID recorded in DIR/WHAT.pid still runs and is the same process
+# (same start time as recorded).
+alive() {
+  local dir=$1 what=$2 pid rec
+  [[ -s $dir/$what.pid ]] || return 1
+  pid=$(<"$dir/$what.pid")
+  rec=$(cat "$dir/$what.start" 2>/dev/null || true)
+  [[ -d /proc/$pid ]] || return 1
+  [[ -z $rec || $(start_time "$pid") == "$rec" ]]
+}
+
+record_pid() {
+  local dir=$1 what=$2 pid=$3
+  start_time "$pid" >"$dir/$what.start"
+  echo "$pid" >"$dir/$what.pid"
+}
+
+# find_leader NSPAWN_PID: the container's PID 1 (the child of nspawn that is PID 1 of its own
+# PID namespace), or nothing while there is none yet.
+find_leader() {
+  local child
+  # shellcheck disable=SC2013 # the file is one line of space-separated PIDs
+  for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+    if grep -qE '^NSpid:\s+[0-9]+\s+1$' "/proc/$child/status" 2>/dev/null; then
+      echo "$child"
+      return
+    fi
+  done
+}
+
+# leader_of DIR: the recorded leader PID of a running host, or fail with a message.
+leader_of() {
+  local dir=$1
+  alive "$dir" leader || die "host '$(basename "$dir")' is not running (no live leader in $dir; boot it with tests/hosts/boot)"
+  cat "$dir/leader.pid"
+}
+
+# mounts_under DIR: mount points at or below DIR, deepest first (from /proc/mounts, whose
+# mount points escape spaces as \040; our paths have none).
+mounts_under() {
+  awk -v d="$1" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/mounts | sort -r
+}
