@@ -6,6 +6,15 @@
 
 pub mod cli;
 pub mod config;
+pub mod facts;
+pub mod fsutil;
+pub mod identity;
+pub mod logging;
+pub mod reconcile;
+pub mod registration;
+pub mod systemd;
+
+use std::path::PathBuf;
 
 /// Version text printed by `byoh-agent version`: crate version, git commit, build date.
 pub const VERSION_TEXT: &str = concat!(
@@ -16,3 +25,65 @@ pub const VERSION_TEXT: &str = concat!(
     "\nbuild date: ",
     env!("BYOH_BUILD_DATE")
 );
+
+/// Exit status for success.
+pub const EXIT_OK: u8 = 0;
+/// Exit status for a runtime failure (a restart may help).
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit status for an unsupported host (sysexits.h EX_UNAVAILABLE).
+pub const EXIT_UNSUPPORTED: u8 = 69;
+/// Exit status for invalid configuration (sysexits.h EX_CONFIG); the unit does not restart.
+pub const EXIT_CONFIG: u8 = 78;
+
+/// Every failure the agent reports, mapped to an exit status by [`AgentError::exit_code`].
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The host's OS or architecture is not supported.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Host facts could not be gathered.
+    #[error(transparent)]
+    Facts(#[from] facts::FactsError),
+    /// The host identity could not be obtained.
+    #[error(transparent)]
+    Identity(Box<identity::IdentityError>),
+    /// The ByoHost or Lease could not be written.
+    #[error(transparent)]
+    Registration(Box<registration::RegistrationError>),
+    /// A local file or OS resource failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// What was being accessed.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl AgentError {
+    /// Exit status: 78 for configuration problems (including a hostname that needs
+    /// `[host] name`), 69 for an unsupported host, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AgentError::Config(_)
+            | AgentError::Facts(facts::FactsError::InvalidHostname { .. }) => EXIT_CONFIG,
+            AgentError::Unsupported(_) => EXIT_UNSUPPORTED,
+            _ => EXIT_FAILURE,
+        }
+    }
+}
+
+impl From<identity::IdentityError> for AgentError {
+    fn from(e: identity::IdentityError) -> Self {
+        AgentError::Identity(Box::new(e))
+    }
+}
+
+impl From<registration::RegistrationError> for AgentError {
+    fn from(e: registration::RegistrationError) -> Self {
+        AgentError::Registration(Box::new(e))
+    }
+}

@@ -1,11 +1,114 @@
-//! `byoh-agent` binary: parses the command line and maps errors to exit codes.
+//! `byoh-agent` binary: parses the command line, runs the subcommand and maps errors to exit
+//! codes (0 ok, 1 runtime failure, 69 unsupported host, 78 invalid configuration).
 
-use byoh_agent::cli::{Cli, Command};
+use byoh_agent::cli::{Cli, Command, Format};
+use byoh_agent::config::{self, Origin, Overrides, Sourced};
+use byoh_agent::{AgentError, facts};
 use clap::Parser;
+use std::path::Path;
+use std::process::ExitCode;
 
-fn main() {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Before logging is set up (and under systemd, stderr goes to the journal too).
+            eprintln!("byoh-agent: {e}");
+            tracing::error!("{e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn env_overrides() -> Overrides {
+    Overrides::from_env(|k| std::env::var(k).ok())
+}
+
+fn dispatch(cli: Cli) -> Result<(), AgentError> {
     match cli.command {
         Command::Version => println!("{}", byoh_agent::VERSION_TEXT),
+        Command::CheckConfig => {
+            let settings = config::load(&cli.config, env_overrides())?;
+            let files: Vec<String> = settings
+                .files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect();
+            println!("configuration is valid ({})", files.join(", "));
+            if let config::Credentials::Bootstrap(p) | config::Credentials::Kubeconfig(p) =
+                &settings.credentials
+                && !p.exists()
+            {
+                println!(
+                    "note: {} does not exist yet; the agent needs it to start",
+                    p.display()
+                );
+            }
+        }
+        Command::Facts { output } => {
+            let f = facts::gather(Path::new("/"), None)?;
+            match output {
+                Format::Json => {
+                    println!("{}", serde_json::to_string_pretty(&f).unwrap_or_default())
+                }
+                Format::Text => print!("{}", serde_yaml_ng::to_string(&f).unwrap_or_default()),
+            }
+        }
+        Command::ListSupported { output } => match output {
+            Format::Json => println!(
+                "{}",
+                serde_json::json!({ "operatingSystems": facts::SUPPORTED_OS, "architectures": facts::SUPPORTED_ARCH })
+            ),
+            Format::Text => {
+                println!(
+                    "{:<28} {:<10} {:<8} {:<8} ARCHITECTURES",
+                    "OPERATING SYSTEM", "ID", "VERSION", "PACKAGE"
+                );
+                for os in facts::SUPPORTED_OS {
+                    println!(
+                        "{:<28} {:<10} {:<8} {:<8} {}",
+                        os.name,
+                        os.id,
+                        os.version,
+                        os.package_format,
+                        facts::SUPPORTED_ARCH.join(", ")
+                    );
+                }
+            }
+        },
+        Command::Run {
+            skip_os_check,
+            log_level,
+            kubeconfig,
+        } => {
+            let flags = Overrides {
+                log_level: log_level.map(|value| Sourced {
+                    value,
+                    origin: Origin::Flag("--log-level"),
+                }),
+                kubeconfig: kubeconfig.map(|p| Sourced {
+                    value: p.display().to_string(),
+                    origin: Origin::Flag("--kubeconfig"),
+                }),
+                skip_os_check: skip_os_check.then_some(Sourced {
+                    value: true,
+                    origin: Origin::Flag("--skip-os-check"),
+                }),
+                ..Default::default()
+            };
+            let settings = config::load(&cli.config, env_overrides().with(flags))?;
+            byoh_agent::logging::init(&settings.log_level);
+            tracing::info!(version = env!("CARGO_PKG_VERSION"), config = ?settings.files, "byoh-agent starting");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| AgentError::Io {
+                    path: "tokio runtime".into(),
+                    source,
+                })?;
+            runtime.block_on(byoh_agent::reconcile::run(settings, Path::new("/")))?;
+        }
     }
+    Ok(())
 }

@@ -3,6 +3,60 @@
 //! Reasons are CamelCase as `metav1.Condition` requires. Every reason the code sets is listed
 //! here, so documentation can be checked against this module.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Sets condition `type_` in `conditions` (metav1.Condition semantics): `lastTransitionTime`
+/// becomes `now` only when the status changes or the condition is new; reason, message and
+/// observedGeneration are always updated. Returns whether anything changed.
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: Time,
+) -> bool {
+    let status = if status { "True" } else { "False" };
+    let new = Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation,
+        last_transition_time: now,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            let transition = if c.status == status {
+                c.last_transition_time.clone()
+            } else {
+                new.last_transition_time.clone()
+            };
+            let changed = c.status != new.status
+                || c.reason != new.reason
+                || c.message != new.message
+                || c.observed_generation != new.observed_generation;
+            *c = Condition {
+                last_transition_time: transition,
+                ..new
+            };
+            changed
+        }
+        None => {
+            conditions.push(new);
+            true
+        }
+    }
+}
+
+/// Whether condition `type_` is present with status `True`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
 /// Condition types.
 pub mod types {
     /// Summary: the object is fully usable (CAPI v1beta2 requires a meaningful `Ready`).
@@ -83,4 +137,69 @@ pub mod phase {
     pub const CLEANING_UP: &str = "CleaningUp";
     /// A step failed; see the conditions.
     pub const FAILED: &str = "Failed";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Time {
+        Time(s.parse().unwrap())
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_status_change() {
+        let mut c = Vec::new();
+        assert!(set(
+            &mut c,
+            "Ready",
+            false,
+            "Waiting",
+            "m1",
+            Some(1),
+            t("2026-01-01T00:00:00Z")
+        ));
+        assert!(!set(
+            &mut c,
+            "Ready",
+            false,
+            "Waiting",
+            "m1",
+            Some(1),
+            t("2026-01-01T00:01:00Z")
+        ));
+        assert_eq!(c[0].last_transition_time, t("2026-01-01T00:00:00Z"));
+        assert!(set(
+            &mut c,
+            "Ready",
+            false,
+            "Other",
+            "m2",
+            Some(2),
+            t("2026-01-01T00:02:00Z")
+        ));
+        assert_eq!(c[0].last_transition_time, t("2026-01-01T00:00:00Z"));
+        assert!(set(
+            &mut c,
+            "Ready",
+            true,
+            "AsExpected",
+            "",
+            Some(2),
+            t("2026-01-01T00:03:00Z")
+        ));
+        assert_eq!(c[0].last_transition_time, t("2026-01-01T00:03:00Z"));
+        assert!(is_true(&c, "Ready"));
+        assert!(set(
+            &mut c,
+            "Paused",
+            false,
+            "NotPaused",
+            "",
+            None,
+            t("2026-01-01T00:04:00Z")
+        ));
+        assert_eq!(c.len(), 2);
+        assert!(!is_true(&c, "Paused"));
+    }
 }

@@ -243,9 +243,7 @@ fn toml_problem(path: &Path, text: &str, key: String, e: &toml::de::Error) -> Co
     let line = e.span().map_or(1, |s| line_of(text, s.start));
     let message = e.message().trim().to_string();
     let message = if message.starts_with("unknown field") {
-        format!(
-            "{message} (unknown keys are errors; see the sample config /usr/share/doc/byoh-agent/agent.toml)"
-        )
+        format!("{message} (unknown keys are errors; docs/agent.md lists every key)")
     } else {
         message
     };

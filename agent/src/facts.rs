@@ -1,0 +1,538 @@
+//! Host facts: operating system (os-release(5)), kernel and architecture (uname(2)), CPUs and
+//! memory (procfs), network interfaces (getifaddrs(3)) and the default route (/proc/net).
+//!
+//! Also the supported-host matrix: which OS, version and architecture the agent runs on.
+
+use byoh_api::byohost::{HostInfo, NetworkInterface, NetworkStatus};
+use byoh_api::common::MachineAddress;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+/// Errors while gathering facts.
+#[derive(Debug, thiserror::Error)]
+pub enum FactsError {
+    /// Neither `<root>/etc/os-release` nor `<root>/usr/lib/os-release` could be read.
+    #[error("reading os-release ({}): {source}; every supported distribution ships /etc/os-release", path.display())]
+    OsRelease {
+        /// The last path tried.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The hostname is not a valid RFC 1123 name even lower-cased.
+    #[error(
+        "hostname {hostname:?} cannot be a ByoHost or Node name: {reason}; set [host] name in /etc/byoh/agent.toml"
+    )]
+    InvalidHostname {
+        /// The hostname as the kernel reports it.
+        hostname: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// A system call or /proc read failed.
+    #[error("reading {what}: {message}")]
+    System {
+        /// What was being read.
+        what: &'static str,
+        /// The error text.
+        message: String,
+    },
+}
+
+/// Everything the agent reports about its host.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Facts {
+    /// OS, kernel, architecture, CPUs, memory.
+    pub host_info: HostInfo,
+    /// Interfaces and the default-route interface.
+    pub network: NetworkStatus,
+    /// Addresses for the Node: the hostname and the default interface's IPs.
+    pub addresses: Vec<MachineAddress>,
+}
+
+/// Parses os-release(5) text into its variables (quotes and backslash escapes removed).
+pub fn parse_os_release(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), unquote(v.trim())))
+        .collect()
+}
+
+fn unquote(v: &str) -> String {
+    let inner = if v.len() >= 2
+        && ((v.starts_with('"') && v.ends_with('"')) || (v.starts_with('\'') && v.ends_with('\'')))
+    {
+        &v[1..v.len() - 1]
+    } else {
+        v
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            if let Some(n) = chars.next() {
+                out.push(n);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Reads `<root>/etc/os-release`, falling back to `<root>/usr/lib/os-release` (os-release(5)).
+///
+/// # Errors
+/// [`FactsError::OsRelease`] if neither can be read.
+pub fn read_os_release(root: &Path) -> Result<BTreeMap<String, String>, FactsError> {
+    let primary = root.join("etc/os-release");
+    match std::fs::read_to_string(&primary) {
+        Ok(t) => Ok(parse_os_release(&t)),
+        Err(_) => {
+            let fallback = root.join("usr/lib/os-release");
+            std::fs::read_to_string(&fallback)
+                .map(|t| parse_os_release(&t))
+                .map_err(|source| FactsError::OsRelease {
+                    path: fallback,
+                    source,
+                })
+        }
+    }
+}
+
+/// Maps `uname -m` to Debian's architecture name (`x86_64` → `amd64`, `aarch64` → `arm64`);
+/// other machines keep their kernel name.
+pub fn debian_arch(machine: &str) -> String {
+    match machine {
+        "x86_64" => "amd64".into(),
+        "aarch64" | "arm64" => "arm64".into(),
+        other => other.into(),
+    }
+}
+
+/// Lower-cases a hostname and checks it is an RFC 1123 name usable as ByoHost and Node name.
+///
+/// # Errors
+/// [`FactsError::InvalidHostname`] saying why, with the hint to set `[host] name`.
+pub fn node_name(hostname: &str) -> Result<String, FactsError> {
+    let lower = hostname.trim().to_ascii_lowercase();
+    crate::config::check_dns_subdomain(&lower).map_err(|reason| FactsError::InvalidHostname {
+        hostname: hostname.into(),
+        reason,
+    })?;
+    Ok(lower)
+}
+
+fn system<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> FactsError {
+    move |e| FactsError::System {
+        what,
+        message: e.to_string(),
+    }
+}
+
+/// Gathers the facts of the running host; os-release is read under `root` (`/` in production).
+/// `name` is the configured ByoHost name, if any (else the hostname is used).
+///
+/// # Errors
+/// [`FactsError`] if os-release, the hostname, uname, /proc/meminfo or the interfaces cannot be
+/// read, or the hostname is not a valid name.
+pub fn gather(root: &Path, name: Option<&str>) -> Result<Facts, FactsError> {
+    let os = read_os_release(root)?;
+    let hostname = match name {
+        Some(n) => n.to_string(),
+        None => {
+            let h = nix::unistd::gethostname().map_err(system("the hostname"))?;
+            node_name(&h.to_string_lossy())?
+        }
+    };
+    let uts = nix::sys::utsname::uname().map_err(system("uname"))?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let meminfo =
+        <procfs::Meminfo as procfs::Current>::current().map_err(system("/proc/meminfo"))?;
+    let network = network_status()?;
+
+    let host_info = HostInfo {
+        hostname: hostname.clone(),
+        os_name: os.get("ID").cloned().unwrap_or_default(),
+        os_version: os.get("VERSION_ID").cloned().unwrap_or_default(),
+        os_image: os
+            .get("PRETTY_NAME")
+            .cloned()
+            .unwrap_or_else(|| "Linux".into()),
+        kernel_version: uts.release().to_string_lossy().into_owned(),
+        architecture: debian_arch(&uts.machine().to_string_lossy()),
+        cpus: i32::try_from(cpus).unwrap_or(i32::MAX),
+        memory_bytes: i64::try_from(meminfo.mem_total).unwrap_or(i64::MAX),
+    };
+    let addresses = node_addresses(&hostname, &network);
+    Ok(Facts {
+        host_info,
+        network,
+        addresses,
+    })
+}
+
+/// Node addresses: `Hostname`, then each IP (without prefix length) of the default interface
+/// as `InternalIP`.
+pub fn node_addresses(hostname: &str, network: &NetworkStatus) -> Vec<MachineAddress> {
+    let mut out = vec![MachineAddress {
+        type_: "Hostname".into(),
+        address: hostname.into(),
+    }];
+    if let Some(default) = &network.default_interface
+        && let Some(iface) = network.interfaces.iter().find(|i| &i.name == default)
+    {
+        for cidr in &iface.addresses {
+            let ip = cidr.split('/').next().unwrap_or(cidr);
+            if ip
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| !ip.is_loopback() && !is_link_local(&ip))
+            {
+                out.push(MachineAddress {
+                    type_: "InternalIP".into(),
+                    address: ip.into(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// Lists the interfaces (loopback excluded) and finds the default-route interface (IPv4 first,
+/// then IPv6).
+///
+/// # Errors
+/// [`FactsError::System`] if getifaddrs(3) fails.
+pub fn network_status() -> Result<NetworkStatus, FactsError> {
+    use nix::net::if_::InterfaceFlags;
+    let mut by_name: BTreeMap<String, NetworkInterface> = BTreeMap::new();
+    for ifa in nix::ifaddrs::getifaddrs().map_err(system("network interfaces"))? {
+        if ifa.flags.contains(InterfaceFlags::IFF_LOOPBACK) {
+            continue;
+        }
+        let entry = by_name
+            .entry(ifa.interface_name.clone())
+            .or_insert_with(|| NetworkInterface {
+                name: ifa.interface_name.clone(),
+                mac_address: None,
+                up: ifa.flags.contains(InterfaceFlags::IFF_UP),
+                addresses: Vec::new(),
+            });
+        let Some(addr) = ifa.address else { continue };
+        if let Some(link) = addr.as_link_addr() {
+            if let Some(mac) = link.addr().filter(|m| m.iter().any(|b| *b != 0)) {
+                entry.mac_address = Some(
+                    mac.iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(":"),
+                );
+            }
+        } else if let Some(v4) = addr.as_sockaddr_in() {
+            let prefix = ifa
+                .netmask
+                .and_then(|m| m.as_sockaddr_in().map(|m| m.ip().to_bits().count_ones()))
+                .unwrap_or(32);
+            entry.addresses.push(format!("{}/{prefix}", v4.ip()));
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            let prefix = ifa
+                .netmask
+                .and_then(|m| m.as_sockaddr_in6().map(|m| m.ip().to_bits().count_ones()))
+                .unwrap_or(128);
+            entry.addresses.push(format!("{}/{prefix}", v6.ip()));
+        }
+    }
+    let default_interface = default_route_v4()
+        .or_else(default_route_v6)
+        .filter(|d| by_name.contains_key(d));
+    Ok(NetworkStatus {
+        default_interface,
+        interfaces: by_name.into_values().collect(),
+    })
+}
+
+fn default_route_v4() -> Option<String> {
+    procfs::net::route()
+        .ok()?
+        .into_iter()
+        .filter(|r| r.destination.is_unspecified() && r.mask.is_unspecified() && r.flags & 0x1 != 0)
+        .min_by_key(|r| r.metrics)
+        .map(|r| r.iface)
+}
+
+fn default_route_v6() -> Option<String> {
+    parse_ipv6_default_route(&std::fs::read_to_string("/proc/net/ipv6_route").ok()?)
+}
+
+/// Finds the interface of the IPv6 default route (`::/0` with a gateway, lowest metric) in the
+/// text of `/proc/net/ipv6_route`.
+pub fn parse_ipv6_default_route(text: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let default = f.len() >= 10 && f[0].bytes().all(|b| b == b'0') && f[1] == "00";
+            let has_gateway = f.get(4).is_some_and(|g| g.bytes().any(|b| b != b'0'));
+            let metric = f.get(5).and_then(|m| u32::from_str_radix(m, 16).ok());
+            (default && has_gateway && f[9] != "lo")
+                .then(|| (metric.unwrap_or(u32::MAX), f[9].to_string()))
+        })
+        .min()
+        .map(|(_, iface)| iface)
+}
+
+/// One supported distribution line: os-release `ID` values, `VERSION_ID` major/minor prefix,
+/// the package format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SupportedOs {
+    /// Display name.
+    pub name: &'static str,
+    /// os-release `ID`.
+    pub id: &'static str,
+    /// `VERSION_ID` as published (`24.04`) or its major version (`9`, matching `9.x`).
+    pub version: &'static str,
+    /// `deb` or `rpm`.
+    pub package_format: &'static str,
+}
+
+/// Supported distributions (DESIGN.md §2): Ubuntu 22.04/24.04, Debian 12, RHEL/Rocky/Alma 9.
+pub const SUPPORTED_OS: &[SupportedOs] = &[
+    SupportedOs {
+        name: "Ubuntu 22.04 LTS",
+        id: "ubuntu",
+        version: "22.04",
+        package_format: "deb",
+    },
+    SupportedOs {
+        name: "Ubuntu 24.04 LTS",
+        id: "ubuntu",
+        version: "24.04",
+        package_format: "deb",
+    },
+    SupportedOs {
+        name: "Debian 12",
+        id: "debian",
+        version: "12",
+        package_format: "deb",
+    },
+    SupportedOs {
+        name: "Red Hat Enterprise Linux 9",
+        id: "rhel",
+        version: "9",
+        package_format: "rpm",
+    },
+    SupportedOs {
+        name: "Rocky Linux 9",
+        id: "rocky",
+        version: "9",
+        package_format: "rpm",
+    },
+    SupportedOs {
+        name: "AlmaLinux 9",
+        id: "almalinux",
+        version: "9",
+        package_format: "rpm",
+    },
+];
+
+/// Supported architectures, Debian names.
+pub const SUPPORTED_ARCH: &[&str] = &["amd64", "arm64"];
+
+/// Checks a host against the supported matrix.
+///
+/// # Errors
+/// A message saying what was found and what is supported.
+pub fn check_supported(info: &HostInfo) -> Result<&'static SupportedOs, String> {
+    let os = SUPPORTED_OS.iter().find(|s| {
+        s.id == info.os_name
+            && (info.os_version == s.version
+                || info
+                    .os_version
+                    .strip_prefix(s.version)
+                    .is_some_and(|r| r.starts_with('.')))
+    });
+    let list = SUPPORTED_OS
+        .iter()
+        .map(|s| s.name)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let Some(os) = os else {
+        return Err(format!(
+            "unsupported operating system: found {:?} (ID={}, VERSION_ID={}); supported: {list} on {}; use --skip-os-check or [host] skip_os_check = true to run anyway",
+            info.os_image,
+            info.os_name,
+            info.os_version,
+            SUPPORTED_ARCH.join("/")
+        ));
+    };
+    if !SUPPORTED_ARCH.contains(&info.architecture.as_str()) {
+        return Err(format!(
+            "unsupported architecture: found {} on {}; supported: {}; use --skip-os-check to run anyway",
+            info.architecture,
+            os.name,
+            SUPPORTED_ARCH.join(", ")
+        ));
+    }
+    Ok(os)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str, version: &str, arch: &str) -> HostInfo {
+        HostInfo {
+            os_name: id.into(),
+            os_version: version.into(),
+            architecture: arch.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn os_release_quotes_escapes_and_comments() {
+        let m = parse_os_release(
+            "# comment\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_ID='12'\nNAME=\"A \\\"q\\\" b\"\n\n",
+        );
+        assert_eq!(m["PRETTY_NAME"], "Debian GNU/Linux 12 (bookworm)");
+        assert_eq!(m["ID"], "debian");
+        assert_eq!(m["VERSION_ID"], "12");
+        assert_eq!(m["NAME"], "A \"q\" b");
+    }
+
+    #[test]
+    fn os_release_falls_back_to_usr_lib() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            read_os_release(root.path()),
+            Err(FactsError::OsRelease { .. })
+        ));
+        std::fs::create_dir_all(root.path().join("usr/lib")).unwrap();
+        std::fs::write(
+            root.path().join("usr/lib/os-release"),
+            "ID=rocky\nVERSION_ID=\"9.4\"\n",
+        )
+        .unwrap();
+        assert_eq!(read_os_release(root.path()).unwrap()["ID"], "rocky");
+    }
+
+    #[test]
+    fn supported_matrix_table() {
+        for (id, v, arch, ok) in [
+            ("debian", "12", "amd64", true),
+            ("debian", "12", "arm64", true),
+            ("debian", "11", "amd64", false),
+            ("debian", "13", "amd64", false),
+            ("ubuntu", "22.04", "amd64", true),
+            ("ubuntu", "24.04", "arm64", true),
+            ("ubuntu", "20.04", "amd64", false),
+            ("ubuntu", "24.10", "amd64", false),
+            ("rhel", "9.4", "amd64", true),
+            ("rocky", "9.5", "arm64", true),
+            ("almalinux", "9", "amd64", true),
+            ("rocky", "8.10", "amd64", false),
+            ("rocky", "90", "amd64", false),
+            ("fedora", "41", "amd64", false),
+            ("debian", "12", "riscv64", false),
+            ("debian", "12", "armhf", false),
+        ] {
+            assert_eq!(
+                check_supported(&info(id, v, arch)).is_ok(),
+                ok,
+                "{id} {v} {arch}"
+            );
+        }
+        let msg = check_supported(&info("fedora", "41", "amd64")).unwrap_err();
+        assert!(
+            msg.contains("ID=fedora")
+                && msg.contains("Debian 12")
+                && msg.contains("--skip-os-check"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn arch_names_and_hostnames() {
+        assert_eq!(debian_arch("x86_64"), "amd64");
+        assert_eq!(debian_arch("aarch64"), "arm64");
+        assert_eq!(node_name("Worker-01\n").unwrap(), "worker-01");
+        assert!(matches!(
+            node_name("bad_host"),
+            Err(FactsError::InvalidHostname { .. })
+        ));
+        let err = node_name("-x").unwrap_err().to_string();
+        assert!(err.contains("[host] name"), "{err}");
+    }
+
+    #[test]
+    fn ipv6_default_route_from_proc_text() {
+        let text = "\
+00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo
+20010db8000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0
+00000000000000000000000000000000 00 00000000000000000000000000000000 00 fe800000000000000000000000000001 00000400 00000001 00000000 00000003     eth1
+00000000000000000000000000000000 00 00000000000000000000000000000000 00 fe800000000000000000000000000001 00000064 00000001 00000000 00000003     eth0
+";
+        assert_eq!(parse_ipv6_default_route(text).as_deref(), Some("eth0"));
+        assert_eq!(parse_ipv6_default_route(""), None);
+    }
+
+    #[test]
+    fn node_addresses_take_default_interface_ips() {
+        let net = NetworkStatus {
+            default_interface: Some("eth0".into()),
+            interfaces: vec![
+                NetworkInterface {
+                    name: "eth0".into(),
+                    mac_address: None,
+                    up: true,
+                    addresses: vec![
+                        "192.0.2.7/24".into(),
+                        "fe80::1/64".into(),
+                        "2001:db8::7/64".into(),
+                    ],
+                },
+                NetworkInterface {
+                    name: "eth1".into(),
+                    mac_address: None,
+                    up: true,
+                    addresses: vec!["198.51.100.1/24".into()],
+                },
+            ],
+        };
+        let a = node_addresses("w1", &net);
+        let got: Vec<(&str, &str)> = a
+            .iter()
+            .map(|a| (a.type_.as_str(), a.address.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("Hostname", "w1"),
+                ("InternalIP", "192.0.2.7"),
+                ("InternalIP", "2001:db8::7")
+            ]
+        );
+    }
+
+    #[test]
+    fn gathers_live_facts_of_this_machine() {
+        let f = gather(Path::new("/"), Some("test-host")).unwrap();
+        assert_eq!(f.host_info.hostname, "test-host");
+        assert!(!f.host_info.kernel_version.is_empty());
+        assert!(f.host_info.cpus >= 1);
+        assert!(f.host_info.memory_bytes > 64 * 1024 * 1024);
+        assert!(SUPPORTED_ARCH.contains(&f.host_info.architecture.as_str()));
+        assert!(f.network.interfaces.iter().all(|i| i.name != "lo"));
+    }
+}

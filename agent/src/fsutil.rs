@@ -1,0 +1,75 @@
+//! Atomic file writes: write a temporary file in the target's directory, fsync it, rename it
+//! over the target, fsync the directory. A crash leaves either the old or the new file.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Writes `data` to `path` atomically with permission bits `mode` (e.g. `0o600`). The parent
+/// directory must exist.
+///
+/// # Errors
+/// The I/O error of the step that failed (create, write, fsync, chmod or rename).
+pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The umask may have cleared bits of `mode`; set them exactly.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Creates `dir` and its parents if missing, and sets its mode to `mode`.
+///
+/// # Errors
+/// The I/O error of the create or chmod.
+pub fn ensure_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_content_and_sets_mode_without_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("key.pem");
+        std::fs::write(&p, vec![b'#'; 200]).unwrap();
+        write_atomic(&p, b"short\n", 0o600).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"short\n");
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
+            0o600
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn missing_directory_is_an_error_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(write_atomic(&dir.path().join("no/such/file"), b"x", 0o600).is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! The agent's main loop: start-up (facts, OS check, identity, ByoHost, Lease, READY), then one
+//! `select!` over shutdown signals, watch events of its own ByoHost, the Lease tick, the facts
+//! tick, the watchdog tick and certificate renewal.
+
+use crate::config::{Credentials, Settings};
+use crate::facts::{self, Facts};
+use crate::identity::{self, IdentityPaths};
+use crate::registration::{self, Registration};
+use crate::systemd::notify;
+use crate::{AgentError, fsutil};
+use byoh_api::ByoHost;
+use byoh_api::conditions::phase;
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// How often facts are gathered again and re-reported when they changed.
+pub const FACTS_INTERVAL: Duration = Duration::from_secs(60);
+/// Watchdog ping interval when systemd did not ask for one.
+pub const DEFAULT_WATCHDOG_INTERVAL: Duration = Duration::from_secs(10);
+
+enum Exit {
+    Stop,
+    Renewed(kube::Client),
+}
+
+/// Runs the agent until SIGTERM/SIGINT. `root` is the filesystem root facts are read under
+/// (`/` in production).
+///
+/// # Errors
+/// [`AgentError::Unsupported`] before any contact with the cluster if the host is not supported
+/// (and the check is not skipped); other [`AgentError`]s for identity or API failures that a
+/// restart may fix.
+pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
+    notify::status("Gathering host facts");
+    let facts = facts::gather(root, settings.host_name.as_deref())?;
+    let name = facts.host_info.hostname.clone();
+    let span = tracing::info_span!("agent", byoh_host = %name);
+    let _enter = span.enter();
+    if settings.skip_os_check {
+        if let Err(why) = facts::check_supported(&facts.host_info) {
+            tracing::warn!("{why} (continuing: the OS check is skipped)");
+        }
+    } else {
+        facts::check_supported(&facts.host_info).map_err(AgentError::Unsupported)?;
+    }
+    fsutil::ensure_dir(&settings.state_dir, 0o700).map_err(|source| AgentError::Io {
+        path: settings.state_dir.clone(),
+        source,
+    })?;
+
+    let paths = IdentityPaths::new(&settings.state_dir);
+    notify::status("Obtaining the host identity");
+    let mut client = obtain_client(&settings, &paths, &name).await?;
+    let mut first = true;
+    loop {
+        match serve(&settings, &paths, &name, client, &facts, first).await? {
+            Exit::Stop => return Ok(()),
+            Exit::Renewed(c) => {
+                client = c;
+                first = false;
+            }
+        }
+    }
+}
+
+async fn obtain_client(
+    settings: &Settings,
+    paths: &IdentityPaths,
+    name: &str,
+) -> Result<kube::Client, AgentError> {
+    match &settings.credentials {
+        Credentials::Kubeconfig(path) => {
+            Ok(identity::client_from(identity::read_kubeconfig(path)?, path).await?)
+        }
+        Credentials::Bootstrap(bootstrap) => {
+            let mut on_wait = |csr: &str| {
+                notify::extend_startup(30);
+                notify::status(&format!(
+                    "Waiting for certificate signing request {csr} to be approved (the controller approves it; by hand: kubectl certificate approve {csr})"
+                ));
+            };
+            Ok(identity::ensure(
+                paths,
+                bootstrap,
+                name,
+                settings.certificate_lifetime,
+                &mut on_wait,
+            )
+            .await?)
+        }
+    }
+}
+
+/// When the current host certificate should be renewed, if the agent manages one.
+fn renewal_due(settings: &Settings, paths: &IdentityPaths) -> Option<SystemTime> {
+    matches!(settings.credentials, Credentials::Bootstrap(_)).then_some(())?;
+    let kc = identity::read_kubeconfig(&paths.kubeconfig).ok()?;
+    let (before, after) = identity::validity(&identity::embedded_certificate(&kc)?)?;
+    Some(identity::renewal_time(before, after))
+}
+
+async fn register(
+    reg: &Registration,
+    settings: &Settings,
+    facts: &Facts,
+) -> Result<ByoHost, AgentError> {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let result = async {
+            let host = reg.ensure_host(facts, &settings.labels).await?;
+            let previous = host
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default();
+            let conditions =
+                registration::registered_conditions(&previous, host.metadata.generation);
+            reg.apply_status(facts, phase::AVAILABLE, &conditions)
+                .await?;
+            reg.renew_lease(settings.lease_duration).await?;
+            Ok::<_, registration::RegistrationError>(host)
+        }
+        .await;
+        match result {
+            Ok(host) => return Ok(host),
+            Err(e) if e.is_transient() => {
+                notify::extend_startup(u32::try_from(delay.as_secs()).unwrap_or(60) + 30);
+                notify::status(&format!(
+                    "Cannot reach the API server ({e}); retrying in {}s",
+                    delay.as_secs()
+                ));
+                tracing::warn!(error = %e, "registration failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn serve(
+    settings: &Settings,
+    paths: &IdentityPaths,
+    name: &str,
+    client: kube::Client,
+    facts: &Facts,
+    first: bool,
+) -> Result<Exit, AgentError> {
+    let reg = Registration::new(client.clone(), &settings.namespace, name);
+    notify::status("Registering the ByoHost");
+    register(&reg, settings, facts).await?;
+    let available = format!(
+        "Registered as ByoHost {}/{name}; waiting for a claim",
+        settings.namespace
+    );
+    if first {
+        notify::ready(&available);
+        tracing::info!(byoh_phase = phase::AVAILABLE, namespace = %settings.namespace, "registered; ready");
+    } else {
+        notify::status(&available);
+    }
+
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|source| AgentError::Io {
+        path: "SIGTERM handler".into(),
+        source,
+    })?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|source| AgentError::Io {
+        path: "SIGINT handler".into(),
+        source,
+    })?;
+    let mut events = watcher(
+        reg.hosts().clone(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .default_backoff()
+    .applied_objects()
+    .boxed();
+    let mut lease_tick = tokio::time::interval(settings.lease_duration / 3);
+    let mut facts_tick = tokio::time::interval(FACTS_INTERVAL);
+    let mut watchdog_tick = tokio::time::interval(
+        notify::watchdog_interval().map_or(DEFAULT_WATCHDOG_INTERVAL, |d| d / 2),
+    );
+    let renew_in = renewal_due(settings, paths)
+        .map(|t| t.duration_since(SystemTime::now()).unwrap_or_default());
+    let renewal = tokio::time::sleep(renew_in.unwrap_or(Duration::from_secs(u64::from(u32::MAX))));
+    tokio::pin!(renewal);
+    let mut facts = facts.clone();
+    let mut claim: Option<String> = None;
+    let mut api_down_since: Option<SystemTime> = None;
+
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => {
+                notify::stopping("Stopping on SIGTERM");
+                tracing::info!("stopping on SIGTERM");
+                return Ok(Exit::Stop);
+            }
+            _ = sigint.recv() => {
+                notify::stopping("Stopping on SIGINT");
+                tracing::info!("stopping on SIGINT");
+                return Ok(Exit::Stop);
+            }
+            event = events.next() => match event {
+                Some(Ok(host)) => observe_claim(&host, &mut claim, &settings.namespace, name),
+                Some(Err(e)) => tracing::warn!(error = %e, "watching the ByoHost failed; retrying with backoff"),
+                None => tracing::warn!("the ByoHost watch ended"),
+            },
+            _ = lease_tick.tick() => match reg.renew_lease(settings.lease_duration).await {
+                Ok(_) => {
+                    if let Some(since) = api_down_since.take() {
+                        let secs = since.elapsed().unwrap_or_default().as_secs();
+                        tracing::info!(outage_secs = secs, "API server reachable again; Lease renewed");
+                        notify::status(&available);
+                    }
+                }
+                Err(e) => {
+                    let since = *api_down_since.get_or_insert_with(SystemTime::now);
+                    let secs = since.elapsed().unwrap_or_default().as_secs();
+                    notify::status(&format!("Cannot renew the Lease for {secs}s ({e}); retrying"));
+                    tracing::warn!(error = %e, "renewing the Lease failed; retrying");
+                }
+            },
+            _ = facts_tick.tick() => {
+                if let Ok(now) = facts::gather(Path::new("/"), Some(name)) && now != facts {
+                    tracing::info!("host facts changed; reporting them");
+                    if let Ok(host) = reg.hosts().get_status(name).await {
+                        let previous = host.status.map(|s| s.conditions).unwrap_or_default();
+                        let conditions = registration::registered_conditions(&previous, host.metadata.generation);
+                        match reg.apply_status(&now, phase::AVAILABLE, &conditions).await {
+                            Ok(_) => facts = now,
+                            Err(e) => tracing::warn!(error = %e, "reporting facts failed; will retry"),
+                        }
+                    }
+                }
+            }
+            _ = watchdog_tick.tick() => notify::watchdog(),
+            _ = &mut renewal => {
+                notify::status("Renewing the host certificate");
+                let mut on_wait = |csr: &str| {
+                    notify::watchdog();
+                    notify::status(&format!("Renewing the host certificate: waiting for certificate signing request {csr}"));
+                };
+                let renewed = identity::renew(&client, paths, name, settings.certificate_lifetime, &mut on_wait).await?;
+                tracing::info!("host certificate renewed");
+                return Ok(Exit::Renewed(renewed));
+            }
+        }
+    }
+}
+
+fn observe_claim(host: &ByoHost, seen: &mut Option<String>, namespace: &str, name: &str) {
+    let now = host.spec.claim.as_ref().map(|c| {
+        (
+            c.machine_ref.uid.clone(),
+            c.machine_ref.name.clone(),
+            c.release_requested,
+        )
+    });
+    let key = now
+        .as_ref()
+        .map(|(uid, _, release)| format!("{uid}/{release}"));
+    if key == *seen {
+        return;
+    }
+    match &now {
+        Some((uid, machine, false)) => {
+            tracing::info!(byoh_machine = %machine, machine_uid = %uid, "ByoHost {namespace}/{name} claimed");
+            notify::status(&format!("Claimed by ByoMachine {namespace}/{machine}"));
+        }
+        Some((_, machine, true)) => {
+            tracing::info!(byoh_machine = %machine, "release of ByoHost {namespace}/{name} requested");
+            notify::status(&format!(
+                "Release requested by ByoMachine {namespace}/{machine}"
+            ));
+        }
+        None => {
+            if seen.is_some() {
+                tracing::info!("claim on ByoHost {namespace}/{name} dropped");
+            }
+            notify::status(&format!(
+                "Registered as ByoHost {namespace}/{name}; waiting for a claim"
+            ));
+        }
+    }
+    *seen = key;
+}
