@@ -1,16 +1,20 @@
 //! The test control plane is a real one: server-side apply of our CRDs, optimistic concurrency,
-//! CAPI v1beta2 objects, garbage collection by kube-controller-manager and CSR signing by the
-//! cluster CA. Each test works in its own namespace.
+//! CAPI v1beta2 objects, garbage collection by kube-controller-manager, CSR signing by the
+//! cluster CA, bootstrap tokens (authentication and clean-up) and ValidatingAdmissionPolicy.
+//! Each test works in its own namespace.
 
 use byoh_api::{ByoCluster, ByoClusterSpec, ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec};
 use byoh_tests::control_plane::{self, TestNamespace};
 use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
     CertificateSigningRequestStatus,
 };
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
@@ -391,4 +395,205 @@ async fn csr_for_kube_apiserver_client_is_approved_signed_and_authenticates() {
     csrs.delete(&user, &DeleteParams::default())
         .await
         .expect("delete CSR");
+}
+
+/// A random lower-case hex string of `len` (at most 16) characters.
+fn random_hex(len: usize) -> String {
+    use std::hash::BuildHasher as _;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    let h = std::collections::hash_map::RandomState::new().hash_one(nanos);
+    format!("{h:016x}")[..len].to_string()
+}
+
+/// A bootstrap token Secret (`kube-system/bootstrap-token-<id>`), as `kubeadm token create`
+/// makes it; see <https://kubernetes.io/docs/reference/access-authn-authz/bootstrap-tokens/>.
+fn bootstrap_token_secret(id: &str, secret: &str, expiration: &str) -> Secret {
+    serde_json::from_value(json!({
+        "metadata": { "name": format!("bootstrap-token-{id}"), "namespace": "kube-system" },
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {
+            "token-id": id,
+            "token-secret": secret,
+            "expiration": expiration,
+            "usage-bootstrap-authentication": "true",
+            "auth-extra-groups": "system:bootstrappers:byoh-test",
+        }
+    }))
+    .expect("bootstrap token Secret JSON")
+}
+
+#[tokio::test]
+async fn bootstrap_tokens_authenticate_and_expired_ones_are_cleaned_up() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
+    let (id, secret) = (random_hex(6), random_hex(16));
+    secrets
+        .create(
+            &PostParams::default(),
+            &bootstrap_token_secret(&id, &secret, "2099-01-01T00:00:00Z"),
+        )
+        .await
+        .expect("create bootstrap token");
+
+    let path = control_plane::kubeconfig_path().expect("kubeconfig path");
+    let mut config = control_plane::config_from(&path).await.expect("config");
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(format!("{id}.{secret}").into()),
+        ..kube::config::AuthInfo::default()
+    };
+    let as_bootstrapper = Client::try_from(config).expect("client");
+    let review = Api::<SelfSubjectReview>::all(as_bootstrapper)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .expect("SelfSubjectReview with the bootstrap token");
+    let info = review.status.and_then(|s| s.user_info).expect("userInfo");
+    assert_eq!(info.username, Some(format!("system:bootstrap:{id}")));
+    let groups = info.groups.unwrap_or_default();
+    for group in ["system:bootstrappers", "system:bootstrappers:byoh-test"] {
+        assert!(groups.iter().any(|g| g == group), "{group} in {groups:?}");
+    }
+    secrets
+        .delete(&format!("bootstrap-token-{id}"), &DeleteParams::default())
+        .await
+        .expect("delete bootstrap token");
+
+    // The tokencleaner controller deletes expired tokens.
+    let expired = random_hex(6);
+    let name = format!("bootstrap-token-{expired}");
+    secrets
+        .create(
+            &PostParams::default(),
+            &bootstrap_token_secret(&expired, &random_hex(16), "2000-01-01T00:00:00Z"),
+        )
+        .await
+        .expect("create expired bootstrap token");
+    eventually(
+        "expired bootstrap token deleted by tokencleaner",
+        Duration::from_secs(60),
+        || async { is_not_found(&secrets.get(&name).await).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn validating_admission_policies_are_enforced() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "admission-policy")
+        .await
+        .expect("namespace");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": { "name": ns.name() },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]
+            }]},
+            "validations": [{
+                "expression": "!has(object.data) || !('forbidden' in object.data)",
+                "message": "key 'forbidden' is not allowed"
+            }]
+        }
+    }))
+    .expect("policy JSON");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": { "name": ns.name() },
+        "spec": {
+            "policyName": ns.name(),
+            "validationActions": ["Deny"],
+            "matchResources": { "namespaceSelector": {
+                "matchLabels": { "kubernetes.io/metadata.name": ns.name() }
+            }}
+        }
+    }))
+    .expect("binding JSON");
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let pp = PostParams::default();
+    policies.create(&pp, &policy).await.expect("create policy");
+    bindings
+        .create(&pp, &binding)
+        .await
+        .expect("create binding");
+
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    let configmap = |name: &str, key: &str| -> ConfigMap {
+        serde_json::from_value(json!({ "metadata": { "name": name }, "data": { key: "x" } }))
+            .expect("ConfigMap JSON")
+    };
+    // Policies take effect shortly after they are created: retry until the denial shows.
+    let denial = eventually(
+        "the policy to deny a ConfigMap",
+        Duration::from_secs(30),
+        || async {
+            match configmaps
+                .create(&pp, &configmap("denied", "forbidden"))
+                .await
+            {
+                Err(kube::Error::Api(s)) => Some(s),
+                Ok(_) => {
+                    let _ = configmaps.delete("denied", &DeleteParams::default()).await;
+                    None
+                }
+                Err(e) => panic!("create ConfigMap: {e}"),
+            }
+        },
+    )
+    .await;
+    assert!(
+        denial.message.contains("key 'forbidden' is not allowed"),
+        "{denial:?}"
+    );
+    configmaps
+        .create(&pp, &configmap("allowed", "fine"))
+        .await
+        .expect("a ConfigMap the policy allows");
+
+    bindings
+        .delete(ns.name(), &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    policies
+        .delete(ns.name(), &DeleteParams::default())
+        .await
+        .expect("delete policy");
+    ns.cleanup(&client).await.expect("cleanup");
+}
+
+#[tokio::test]
+async fn test_namespace_is_deleted_when_dropped() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "dropped")
+        .await
+        .expect("namespace");
+    let name = ns.name().to_string();
+    assert!(name.starts_with("t-dropped-"), "{name}");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let created = namespaces.get(&name).await.expect("get namespace");
+    assert_eq!(
+        created
+            .labels()
+            .get(control_plane::NAMESPACE_LABEL)
+            .map(String::as_str),
+        Some("true")
+    );
+    drop(ns);
+    // Deleted means terminating (its contents are being finalized) or already gone.
+    match namespaces.get(&name).await {
+        Ok(ns) => assert!(
+            ns.metadata.deletion_timestamp.is_some(),
+            "{name} not deleted"
+        ),
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => panic!("get namespace {name}: {e}"),
+    }
 }
