@@ -21,6 +21,29 @@ pub const FACTS_INTERVAL: Duration = Duration::from_secs(60);
 /// Watchdog ping interval when systemd did not ask for one.
 pub const DEFAULT_WATCHDOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Longest wait for one API call inside the main loop, so a hanging API server never stalls
+/// the loop (and with it the watchdog).
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of a bounded API call: the call's own error, or the time-out.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    #[error(transparent)]
+    Api(#[from] registration::RegistrationError),
+    #[error("no answer from the API server within {0:?}")]
+    TimedOut(Duration),
+}
+
+async fn call_timeout<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, registration::RegistrationError>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(CallError::TimedOut(limit)),
+    }
+}
+
 enum Exit {
     Stop,
     Renewed(kube::Client),
@@ -208,7 +231,7 @@ async fn serve(
                 Some(Err(e)) => tracing::warn!(error = %e, "watching the ByoHost failed; retrying with backoff"),
                 None => tracing::warn!("the ByoHost watch ended"),
             },
-            _ = lease_tick.tick() => match reg.renew_lease(settings.lease_duration).await {
+            _ = lease_tick.tick() => match call_timeout(settings.lease_duration / 3, reg.renew_lease(settings.lease_duration)).await {
                 Ok(_) => {
                     if let Some(since) = api_down_since.take() {
                         let secs = since.elapsed().unwrap_or_default().as_secs();
@@ -226,10 +249,10 @@ async fn serve(
             _ = facts_tick.tick() => {
                 if let Ok(now) = facts::gather(Path::new("/"), Some(name)) && now != facts {
                     tracing::info!("host facts changed; reporting them");
-                    if let Ok(host) = reg.hosts().get_status(name).await {
+                    if let Ok(Ok(host)) = tokio::time::timeout(API_CALL_TIMEOUT, reg.hosts().get_status(name)).await {
                         let previous = host.status.map(|s| s.conditions).unwrap_or_default();
                         let conditions = registration::registered_conditions(&previous, host.metadata.generation);
-                        match reg.apply_status(&now, phase::AVAILABLE, &conditions).await {
+                        match call_timeout(API_CALL_TIMEOUT, reg.apply_status(&now, phase::AVAILABLE, &conditions)).await {
                             Ok(_) => facts = now,
                             Err(e) => tracing::warn!(error = %e, "reporting facts failed; will retry"),
                         }

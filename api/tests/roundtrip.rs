@@ -1,6 +1,8 @@
 //! Every kind survives a serde round trip (JSON and YAML) unchanged, and uses the wire names of
 //! the CAPI v1beta2 contract.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use byoh_api::bootstrapkubeconfig::*;
 use byoh_api::byocluster::*;
 use byoh_api::byohost::*;

@@ -7,6 +7,7 @@
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
 
+pub mod agent;
 pub mod control_plane;
 pub mod hosts;
 

@@ -1,0 +1,333 @@
+//! Putting `byoh-agent` on a booted test host the way an operator would before packages exist:
+//! the binary from `target/`, the unit from `systemd/`, a config in `/etc/byoh/agent.toml`, and a
+//! bootstrap kubeconfig made from a real bootstrap token. Also the cluster-side setup an admin
+//! (later the controller) does: the token Secret, RBAC for bootstrappers and hosts, CSR approval.
+
+use crate::hosts::Host;
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
+};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Group of bootstrap tokens made for BYOH hosts.
+pub const BOOTSTRAPPERS_GROUP: &str = "system:bootstrappers:byoh";
+/// Group of host identities.
+pub const HOSTS_GROUP: &str = "byoh:hosts";
+
+/// Repository root (the workspace).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Path of the agent binary built by `tests/run` (`cargo build -p byoh-agent`), as seen inside a
+/// test host (the workspace's `target/` is mounted read-only at `/byoh/target`).
+pub const AGENT_IN_HOST: &str = "/byoh/target/debug/byoh-agent";
+
+fn random_lower(n: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..n)
+        .map(|_| char::from(ALPHABET[rand::random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
+/// Creates a bootstrap token (`<id>.<secret>`) in `kube-system` valid for `ttl`, in the group
+/// [`BOOTSTRAPPERS_GROUP`], and returns it.
+///
+/// Errors when the Secret cannot be created.
+pub async fn create_bootstrap_token(
+    client: &kube::Client,
+    ttl: Duration,
+) -> anyhow::Result<String> {
+    let id = random_lower(6);
+    let secret = random_lower(16);
+    let expiration = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::try_from(
+            ttl.as_secs(),
+        )?))?
+        .to_string();
+    let s = Secret {
+        metadata: ObjectMeta {
+            name: Some(format!("bootstrap-token-{id}")),
+            namespace: Some("kube-system".into()),
+            ..Default::default()
+        },
+        type_: Some("bootstrap.kubernetes.io/token".into()),
+        string_data: Some(
+            [
+                ("token-id", id.as_str()),
+                ("token-secret", secret.as_str()),
+                ("usage-bootstrap-authentication", "true"),
+                ("auth-extra-groups", BOOTSTRAPPERS_GROUP),
+                ("expiration", expiration.as_str()),
+                ("description", "byoh system test"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &s)
+        .await
+        .context("creating bootstrap token Secret")?;
+    Ok(format!("{id}.{secret}"))
+}
+
+/// Grants what hosts need until the controller maintains per-host RBAC: bootstrappers and hosts
+/// may create/read CSRs (cluster-wide, idempotent); hosts may manage ByoHosts and Leases in
+/// `namespace`.
+///
+/// Errors when an RBAC object cannot be applied.
+pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::Result<()> {
+    let pp = PatchParams::apply("byoh-tests").force();
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let group = |name: &str| Subject {
+        kind: "Group".into(),
+        name: name.into(),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        ..Default::default()
+    };
+    let cr = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some("byoh-test-csr-requester".into()),
+            ..Default::default()
+        },
+        rules: Some(vec![rule(
+            &["certificates.k8s.io"],
+            &["certificatesigningrequests"],
+            &["create", "get", "list", "watch"],
+        )]),
+        ..Default::default()
+    };
+    let mut v = serde_json::to_value(&cr)?;
+    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
+    v["kind"] = "ClusterRole".into();
+    Api::<ClusterRole>::all(client.clone())
+        .patch("byoh-test-csr-requester", &pp, &Patch::Apply(v))
+        .await?;
+    let crb = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some("byoh-test-csr-requester".into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "byoh-test-csr-requester".into(),
+        },
+        subjects: Some(vec![group(BOOTSTRAPPERS_GROUP), group(HOSTS_GROUP)]),
+    };
+    let mut v = serde_json::to_value(&crb)?;
+    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
+    v["kind"] = "ClusterRoleBinding".into();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch("byoh-test-csr-requester", &pp, &Patch::Apply(v))
+        .await?;
+
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some("byoh-test-host".into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            rule(
+                &[byoh_api::GROUP],
+                &["byohosts"],
+                &["get", "list", "watch", "create", "patch", "update"],
+            ),
+            rule(
+                &[byoh_api::GROUP],
+                &["byohosts/status"],
+                &["get", "patch", "update"],
+            ),
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "create", "patch", "update"],
+            ),
+        ]),
+    };
+    let mut v = serde_json::to_value(&role)?;
+    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
+    v["kind"] = "Role".into();
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .patch("byoh-test-host", &pp, &Patch::Apply(v))
+        .await?;
+    let rb = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some("byoh-test-host".into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "byoh-test-host".into(),
+        },
+        subjects: Some(vec![group(HOSTS_GROUP)]),
+    };
+    let mut v = serde_json::to_value(&rb)?;
+    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
+    v["kind"] = "RoleBinding".into();
+    Api::<RoleBinding>::namespaced(client.clone(), namespace)
+        .patch("byoh-test-host", &pp, &Patch::Apply(v))
+        .await?;
+    Ok(())
+}
+
+/// A bootstrap kubeconfig for `token`, for the API server and CA of the admin kubeconfig at
+/// `admin_kubeconfig`.
+///
+/// Errors when the admin kubeconfig cannot be read.
+pub fn bootstrap_kubeconfig(admin_kubeconfig: &Path, token: &str) -> anyhow::Result<String> {
+    let kc = kube::config::Kubeconfig::read_from(admin_kubeconfig)?;
+    let cluster = kc
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.clone())
+        .context("admin kubeconfig has no cluster")?;
+    let server = cluster.server.context("no server")?;
+    let ca = match (
+        cluster.certificate_authority_data,
+        cluster.certificate_authority,
+    ) {
+        (Some(d), _) => d,
+        (None, Some(f)) => {
+            use base64::Engine;
+            let path = admin_kubeconfig.parent().unwrap_or(Path::new("/")).join(f);
+            base64::engine::general_purpose::STANDARD
+                .encode(std::fs::read(&path).with_context(|| path.display().to_string())?)
+        }
+        (None, None) => bail!("admin kubeconfig has no CA"),
+    };
+    Ok(format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: mgmt\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: bootstrap\n  user:\n    token: {token}\ncontexts:\n- name: bootstrap\n  context:\n    cluster: mgmt\n    user: bootstrap\ncurrent-context: bootstrap\n"
+    ))
+}
+
+/// Installs the agent on `host` as an operator would: binary to `/usr/bin/byoh-agent`, unit to
+/// `/etc/systemd/system/byoh-agent.service` (daemon-reload), `config` to `/etc/byoh/agent.toml`
+/// and `bootstrap` (if any) to `/etc/byoh/bootstrap-kubeconfig`, mode 0600.
+///
+/// Errors when a copy or command inside the host fails.
+pub async fn install_agent(
+    host: &Host,
+    config: &str,
+    bootstrap: Option<&str>,
+) -> anyhow::Result<()> {
+    host.run(&[
+        "install",
+        "-m",
+        "0755",
+        AGENT_IN_HOST,
+        "/usr/bin/byoh-agent",
+    ])
+    .await?;
+    host.copy_in(
+        &repo_root().join("systemd/byoh-agent.service"),
+        "/etc/systemd/system/byoh-agent.service",
+        0o644,
+    )
+    .await?;
+    host.run(&["mkdir", "-p", "/etc/byoh/agent.toml.d"]).await?;
+    host.write_file("/etc/byoh/agent.toml", config.as_bytes(), 0o600)
+        .await?;
+    if let Some(b) = bootstrap {
+        host.write_file("/etc/byoh/bootstrap-kubeconfig", b.as_bytes(), 0o600)
+            .await?;
+    }
+    host.run(&["systemctl", "daemon-reload"]).await?;
+    Ok(())
+}
+
+/// CSRs whose name starts with `byoh-<host>-` (the agent's naming).
+///
+/// Errors when the list fails.
+pub async fn host_csrs(
+    client: &kube::Client,
+    host: &str,
+) -> anyhow::Result<Vec<CertificateSigningRequest>> {
+    let prefix = format!("byoh-{host}-");
+    let all = Api::<CertificateSigningRequest>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    Ok(all
+        .items
+        .into_iter()
+        .filter(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .collect())
+}
+
+/// Waits up to `timeout` for the host's CSR and approves it as an admin would
+/// (`kubectl certificate approve`). Returns its name.
+///
+/// Errors on time-out or when the approval is refused.
+pub async fn approve_host_csr(
+    client: &kube::Client,
+    host: &str,
+    timeout: Duration,
+) -> anyhow::Result<String> {
+    let api = Api::<CertificateSigningRequest>::all(client.clone());
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(mut csr) = host_csrs(client, host).await?.into_iter().next() {
+            let name = csr.metadata.name.clone().unwrap_or_default();
+            csr.status = Some(CertificateSigningRequestStatus {
+                conditions: Some(vec![CertificateSigningRequestCondition {
+                    type_: "Approved".into(),
+                    status: "True".into(),
+                    reason: Some("AdminApproved".into()),
+                    message: Some("approved by the byoh system test".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+            api.replace_subresource("approval", &name, &PostParams::default(), &csr)
+                .await?;
+            return Ok(name);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("no CSR from host {host} within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Polls `f` every 500 ms until it yields `Some`, or fails after `timeout` with `what`.
+///
+/// Errors on time-out, or with `f`'s error.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await? {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

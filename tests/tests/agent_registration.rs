@@ -1,0 +1,446 @@
+//! System tests of issue 5: `byoh-agent` as a systemd service on a booted Debian 12 host,
+//! registering with the real API server through a real TLS bootstrap.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use byoh_api::ByoHost;
+use byoh_tests::agent::{self, wait_for};
+use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::hosts::{self, BootOptions, Host};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use std::time::Duration;
+
+fn config(namespace: &str, extra: &str) -> String {
+    format!(
+        "[cluster]\nnamespace = \"{namespace}\"\nbootstrap_kubeconfig = \"/etc/byoh/bootstrap-kubeconfig\"\n[host]\nlabels = {{ site = \"system-test\" }}\n[agent]\nlease_duration = \"15s\"\n{extra}"
+    )
+}
+
+async fn unit(host: &Host, props: &str) -> String {
+    host.run(&["systemctl", "show", "byoh-agent", "-p", props])
+        .await
+        .unwrap()
+}
+
+async fn renew_time(leases: &Api<Lease>, name: &str) -> Option<String> {
+    let lease = leases.get_opt(name).await.ok()??;
+    lease.spec?.renew_time.map(|t| t.0.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_registers_as_a_systemd_service_and_keeps_its_identity_across_restarts() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "agent-register")
+        .await
+        .unwrap();
+    agent::grant_host_rbac(&client, ns.name()).await.unwrap();
+    let token = agent::create_bootstrap_token(&client, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrap =
+        agent::bootstrap_kubeconfig(&control_plane::kubeconfig_path().unwrap(), &token).unwrap();
+    let host = Host::boot("agent-register").await.unwrap();
+    let name = host.name().to_string();
+    agent::install_agent(&host, &config(ns.name(), ""), Some(&bootstrap))
+        .await
+        .unwrap();
+
+    host.run(&["systemctl", "enable", "--now", "--no-block", "byoh-agent"])
+        .await
+        .unwrap();
+    let csr = agent::approve_host_csr(&client, &name, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let hosts_api: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let registered = wait_for(
+        "the ByoHost with its facts",
+        Duration::from_secs(30),
+        || async {
+            Ok(hosts_api.get_opt(&name).await?.filter(|h| {
+                h.status
+                    .as_ref()
+                    .is_some_and(|s| byoh_api::conditions::is_true(&s.conditions, "Registered"))
+            }))
+        },
+    )
+    .await
+    .unwrap();
+
+    // Facts are the host's own: Debian 12, its kernel and architecture, addresses.
+    let status = registered.status.clone().unwrap();
+    let info = status.host_info.clone().unwrap();
+    assert_eq!(
+        (info.os_name.as_str(), info.os_version.as_str()),
+        ("debian", "12")
+    );
+    assert!(
+        info.os_image.contains("Debian GNU/Linux 12"),
+        "{}",
+        info.os_image
+    );
+    assert_eq!(
+        info.kernel_version,
+        host.run(&["uname", "-r"]).await.unwrap().trim()
+    );
+    assert_eq!(info.architecture, "amd64");
+    assert_eq!(info.hostname, name);
+    assert!(info.cpus >= 1 && info.memory_bytes > 0);
+    assert!(
+        status
+            .addresses
+            .iter()
+            .any(|a| a.type_ == "Hostname" && a.address == name)
+    );
+    assert!(
+        status
+            .network
+            .as_ref()
+            .is_some_and(|n| !n.interfaces.is_empty())
+    );
+    assert_eq!(status.phase.as_deref(), Some("Available"));
+    let labels = registered.metadata.labels.clone().unwrap();
+    assert_eq!(
+        labels
+            .get("byoh.infrastructure.cluster.x-k8s.io/os")
+            .map(String::as_str),
+        Some("debian")
+    );
+    assert_eq!(
+        labels
+            .get("byoh.infrastructure.cluster.x-k8s.io/arch")
+            .map(String::as_str),
+        Some("amd64")
+    );
+    assert_eq!(labels.get("site").map(String::as_str), Some("system-test"));
+
+    // The identity is kept under the state directory, 0600, and never holds the token.
+    let mode = host
+        .run(&["stat", "-c", "%a", "/var/lib/byoh/kubeconfig"])
+        .await
+        .unwrap();
+    assert_eq!(mode.trim(), "600");
+    let kubeconfig = host
+        .read_to_string("/var/lib/byoh/kubeconfig")
+        .await
+        .unwrap();
+    assert!(
+        !kubeconfig.contains(&token),
+        "the host kubeconfig must not hold the bootstrap token"
+    );
+    assert!(kubeconfig.contains(&format!("byoh:host:{name}")));
+
+    // READY was sent, and the status text reads like a sentence.
+    let shown = unit(&host, "ActiveState,SubState,StatusText").await;
+    assert!(
+        shown.contains("ActiveState=active") && shown.contains("SubState=running"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "StatusText=Registered as ByoHost {}/{name}; waiting for a claim",
+            ns.name()
+        )),
+        "{shown}"
+    );
+
+    // The Lease is renewed (every 5 s for a 15 s lease).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let first = wait_for("the Lease", Duration::from_secs(20), || async {
+        Ok(renew_time(&leases, &name).await)
+    })
+    .await
+    .unwrap();
+    let first_clone = first.clone();
+    wait_for("a Lease renewal", Duration::from_secs(20), || {
+        let leases = leases.clone();
+        let name = name.clone();
+        let first = first_clone.clone();
+        async move { Ok(renew_time(&leases, &name).await.filter(|t| *t != first)) }
+    })
+    .await
+    .unwrap();
+
+    // Structured journal fields.
+    let journal = host.journal("byoh-agent").await.unwrap();
+    assert!(
+        journal
+            .iter()
+            .any(|e| e.get("BYOH_HOST").and_then(|v| v.as_str()) == Some(name.as_str())),
+        "no journal entry carries BYOH_HOST={name}"
+    );
+    assert!(
+        !journal.iter().any(|e| e.to_string().contains(&token)),
+        "the token reached the journal"
+    );
+
+    // A restart reuses the identity: no second CSR, same ByoHost.
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    let shown = unit(&host, "ActiveState").await;
+    assert!(shown.contains("ActiveState=active"), "{shown}");
+    let csrs = agent::host_csrs(&client, &name).await.unwrap();
+    assert_eq!(
+        csrs.len(),
+        1,
+        "a restart must not file a new CSR: {:?}",
+        csrs.iter()
+            .map(|c| c.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(csrs[0].metadata.name.as_deref(), Some(csr.as_str()));
+    let again = hosts_api.get(&name).await.unwrap();
+    assert_eq!(again.metadata.uid, registered.metadata.uid);
+
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_config_key_fails_with_78_and_no_restart_loop() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "agent-badconfig")
+        .await
+        .unwrap();
+    let host = Host::boot("agent-badconfig").await.unwrap();
+    agent::install_agent(&host, &config(ns.name(), "lease_duraton = \"40s\"\n"), None)
+        .await
+        .unwrap();
+    let out = host
+        .exec(&["systemctl", "start", "byoh-agent"])
+        .await
+        .unwrap();
+    assert!(!out.success(), "start must fail");
+    // RestartSec is 5 s: wait past it and check nothing restarted.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let shown = unit(&host, "ActiveState,Result,ExecMainStatus,NRestarts").await;
+    for expected in ["ActiveState=failed", "ExecMainStatus=78", "NRestarts=0"] {
+        assert!(shown.contains(expected), "{expected} not in {shown}");
+    }
+    let messages = host
+        .journal_messages("byoh-agent")
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        messages.contains("/etc/byoh/agent.toml:8: agent.lease_duraton: unknown field"),
+        "{messages}"
+    );
+    // check-config says the same, with the same status.
+    let out = host.exec(&["byoh-agent", "check-config"]).await.unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(out.stderr.contains("agent.lease_duraton"), "{}", out.stderr);
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unsupported_os_exits_69_before_any_contact_with_the_cluster() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "agent-unsupported")
+        .await
+        .unwrap();
+    agent::grant_host_rbac(&client, ns.name()).await.unwrap();
+    let token = agent::create_bootstrap_token(&client, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrap =
+        agent::bootstrap_kubeconfig(&control_plane::kubeconfig_path().unwrap(), &token).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let os_release = dir.path().join("os-release");
+    std::fs::write(
+        &os_release,
+        "NAME=\"Fedora Linux\"\nID=fedora\nVERSION_ID=41\nPRETTY_NAME=\"Fedora Linux 41\"\n",
+    )
+    .unwrap();
+    let host = Host::boot_with(
+        "agent-unsupported",
+        &BootOptions {
+            os_release: Some(os_release),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let name = host.name().to_string();
+    agent::install_agent(&host, &config(ns.name(), ""), Some(&bootstrap))
+        .await
+        .unwrap();
+    let out = host
+        .exec(&["systemctl", "start", "byoh-agent"])
+        .await
+        .unwrap();
+    assert!(!out.success(), "start must fail");
+    let shown = unit(&host, "ActiveState,ExecMainStatus,NRestarts").await;
+    assert!(
+        shown.contains("ExecMainStatus=69") && shown.contains("NRestarts=0"),
+        "{shown}"
+    );
+    let messages = host
+        .journal_messages("byoh-agent")
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        messages.contains("unsupported operating system") && messages.contains("ID=fedora"),
+        "{messages}"
+    );
+    assert!(
+        agent::host_csrs(&client, &name).await.unwrap().is_empty(),
+        "no CSR may be filed"
+    );
+    let hosts_api: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    assert!(
+        hosts_api.get_opt(&name).await.unwrap().is_none(),
+        "no ByoHost may be created"
+    );
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+/// A control plane of the test's own (the shared one must not go down under other tests).
+struct PrivateControlPlane {
+    kubeconfig: std::path::PathBuf,
+}
+
+impl PrivateControlPlane {
+    fn up() -> Self {
+        let out = std::process::Command::new(agent::repo_root().join("tests/control-plane/up"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "control-plane/up failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        PrivateControlPlane {
+            kubeconfig: stdout.lines().last().unwrap().trim().into(),
+        }
+    }
+
+    fn restart_apiserver(&self, down_secs: u64) {
+        let out = std::process::Command::new(
+            agent::repo_root().join("tests/control-plane/restart-apiserver"),
+        )
+        .arg(self.kubeconfig.parent().unwrap())
+        .arg(down_secs.to_string())
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "restart-apiserver failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateControlPlane {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(agent::repo_root().join("tests/control-plane/down"))
+            .arg(self.kubeconfig.parent().unwrap())
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
+    // Skips or fails like every test-bed test when the shared control plane is not there.
+    if control_plane::client().await.is_none() || !hosts::available() {
+        return;
+    }
+    let cp = PrivateControlPlane::up();
+    let client =
+        kube::Client::try_from(control_plane::config_from(&cp.kubeconfig).await.unwrap()).unwrap();
+    let ns = TestNamespace::create(&client, "agent-outage")
+        .await
+        .unwrap();
+    agent::grant_host_rbac(&client, ns.name()).await.unwrap();
+    let token = agent::create_bootstrap_token(&client, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrap = agent::bootstrap_kubeconfig(&cp.kubeconfig, &token).unwrap();
+    let host = Host::boot("agent-outage").await.unwrap();
+    let name = host.name().to_string();
+    agent::install_agent(&host, &config(ns.name(), ""), Some(&bootstrap))
+        .await
+        .unwrap();
+    host.run(&["systemctl", "enable", "--now", "--no-block", "byoh-agent"])
+        .await
+        .unwrap();
+    agent::approve_host_csr(&client, &name, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    wait_for("the Lease", Duration::from_secs(30), || async {
+        Ok(renew_time(&leases, &name).await)
+    })
+    .await
+    .unwrap();
+    let main_pid = unit(&host, "MainPID").await;
+
+    cp.restart_apiserver(20);
+    let back = k8s_openapi::jiff::Timestamp::now();
+
+    // The agent renews the Lease again without a restart of its own.
+    let client =
+        kube::Client::try_from(control_plane::config_from(&cp.kubeconfig).await.unwrap()).unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    wait_for(
+        "a Lease renewal after the outage",
+        Duration::from_secs(40),
+        || {
+            let leases = leases.clone();
+            let name = name.clone();
+            async move {
+                let lease = leases.get_opt(&name).await.ok().flatten();
+                Ok(lease
+                    .and_then(|l| l.spec?.renew_time)
+                    .filter(|t| t.0 > back))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        unit(&host, "MainPID").await,
+        main_pid,
+        "the agent must not have restarted"
+    );
+    let shown = unit(&host, "ActiveState,NRestarts,StatusText").await;
+    assert!(
+        shown.contains("ActiveState=active") && shown.contains("NRestarts=0"),
+        "{shown}"
+    );
+    let messages = host
+        .journal_messages("byoh-agent")
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        messages.contains("renewing the Lease failed"),
+        "the outage must be visible in the journal:\n{messages}"
+    );
+    assert!(
+        messages.contains("API server reachable again"),
+        "{messages}"
+    );
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
