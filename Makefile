@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
-CRD_DIR := controller/config/crd
+CONFIG_DIR := controller/config
 
 .PHONY: all build test test-unit test-integration lint fmt verify manifests clean
 
@@ -31,18 +31,18 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## manifests: regenerate the CRD YAML from the Rust types
+## manifests: regenerate the CRDs and clusterctl artifacts from the Rust code
 manifests:
-	$(CARGO) run --quiet -p byoh-controller -- manifests --crd-dir $(CRD_DIR)
+	$(CARGO) run --quiet -p byoh-controller -- manifests --dir $(CONFIG_DIR)
 
 ## verify: lint, and fail if generated files differ from what the code generates
 verify: lint
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	$(CARGO) run --quiet -p byoh-controller -- manifests --crd-dir "$$tmp" >/dev/null; \
-	if ! diff -r "$$tmp" $(CRD_DIR); then \
-	  echo "verify: $(CRD_DIR) differs from the generated CRDs; run 'make manifests' and commit" >&2; exit 1; \
+	$(CARGO) run --quiet -p byoh-controller -- manifests --dir "$$tmp" >/dev/null; \
+	if ! diff -r "$$tmp" $(CONFIG_DIR); then \
+	  echo "verify: $(CONFIG_DIR) differs from what the code generates; run 'make manifests' and commit" >&2; exit 1; \
 	fi; \
-	echo "verify: generated CRDs are up to date"
+	echo "verify: generated manifests are up to date"
 
 clean:
 	$(CARGO) clean

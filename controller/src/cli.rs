@@ -17,10 +17,11 @@ pub struct Cli {
 pub enum Command {
     /// Print the version, git commit and build date.
     Version,
-    /// Write the generated manifests (CRDs) into a directory.
+    /// Write every generated manifest (CRDs under `crd/`, and the clusterctl artifacts) into a
+    /// directory.
     Manifests {
-        /// Directory that receives one `<group>_<plural>.yaml` per CRD; created if missing.
-        #[arg(long, default_value = "controller/config/crd")]
-        crd_dir: PathBuf,
+        /// Output directory (the repository keeps them in `controller/config`); created if missing.
+        #[arg(long, default_value = "controller/config")]
+        dir: PathBuf,
     },
 }

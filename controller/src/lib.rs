@@ -4,8 +4,19 @@
 //! ByoHosts, approves the hosts' certificate requests and generates the provider's manifests.
 //! See `docs/architecture.md`.
 
+pub mod admission;
+pub mod bootstrapkubeconfig;
+pub mod byocluster;
+pub mod byomachine;
+pub mod capi;
 pub mod cli;
+pub mod csr;
+pub mod hostaccess;
+pub mod installerconfig;
 pub mod manifests;
+pub mod metrics;
+pub mod run;
+pub mod selection;
 
 /// Version text printed by `byoh-controller version`: crate version, git commit, build date.
 pub const VERSION_TEXT: &str = concat!(

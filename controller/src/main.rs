@@ -8,9 +8,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => println!("{}", byoh_controller::VERSION_TEXT),
-        Command::Manifests { crd_dir } => {
-            let written = byoh_controller::manifests::write_crds(&crd_dir)
-                .context("generating CRD manifests")?;
+        Command::Manifests { dir } => {
+            let written =
+                byoh_controller::manifests::write_all(&dir).context("generating manifests")?;
             for path in written {
                 println!("wrote {}", path.display());
             }

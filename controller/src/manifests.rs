@@ -62,6 +62,15 @@ pub fn write_crds(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
         .collect()
 }
 
+/// Writes every generated manifest into `dir`: the CRDs into `dir/crd/`. Returns the written
+/// paths.
+///
+/// # Errors
+/// [`ManifestError`] if something cannot be serialised or written.
+pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
+    write_crds(&dir.join("crd"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,1 @@
+//! ValidatingAdmissionPolicies (CEL) generated for the components.

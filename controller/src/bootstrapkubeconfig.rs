@@ -1,0 +1,1 @@
+//! BootstrapKubeconfig reconciler: bootstrap tokens and bootstrap kubeconfig Secrets.

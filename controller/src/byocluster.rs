@@ -1,0 +1,1 @@
+//! ByoCluster reconciler.

@@ -1,0 +1,1 @@
+//! ByoMachine reconciler: waits, selects, claims, provisions and releases hosts.

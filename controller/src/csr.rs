@@ -1,0 +1,1 @@
+//! Approval of host CertificateSigningRequests (kubelet-TLS-bootstrap-like, strict).

@@ -1,0 +1,1 @@
+//! Per-host least privilege: Role/RoleBinding per ByoHost with resourceNames.

@@ -1,0 +1,1 @@
+//! K8sInstallerConfig: per-machine configs cloned from K8sInstallerConfigTemplates.

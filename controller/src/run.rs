@@ -1,0 +1,1 @@
+//! The controller process: leader election, the reconcilers, shutdown.

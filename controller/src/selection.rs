@@ -1,0 +1,1 @@
+//! Host selection: which free, live, fitting ByoHost a ByoMachine gets (pure logic).
