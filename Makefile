@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG_DIR := controller/config
 
-.PHONY: all build test test-unit test-integration lint fmt verify manifests clean
+.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean
 
 all: build
 
@@ -22,6 +22,11 @@ test-unit:
 ## test-integration: starts the test bed (control plane, host image), runs tests/, stops it
 test-integration:
 	tests/run
+
+## bench: speed and memory figures on the real test bed (release builds); prints one line each
+bench:
+	$(CARGO) build --release -p byoh-agent
+	tests/run $(CARGO) bench -p byoh-tests
 
 ## lint: rustfmt and clippy with warnings as errors
 lint:

@@ -229,14 +229,23 @@ pub async fn install_agent(
     config: &str,
     bootstrap: Option<&str>,
 ) -> anyhow::Result<()> {
-    host.run(&[
-        "install",
-        "-m",
-        "0755",
-        AGENT_IN_HOST,
-        "/usr/bin/byoh-agent",
-    ])
-    .await?;
+    install_agent_binary(host, AGENT_IN_HOST, config, bootstrap).await
+}
+
+/// Release build of the agent inside a test host (built by `make bench`).
+pub const RELEASE_AGENT_IN_HOST: &str = "/byoh/target/release/byoh-agent";
+
+/// Like [`install_agent`], with the agent binary at `binary` (a path inside the host).
+///
+/// Errors when a copy or command inside the host fails.
+pub async fn install_agent_binary(
+    host: &Host,
+    binary: &str,
+    config: &str,
+    bootstrap: Option<&str>,
+) -> anyhow::Result<()> {
+    host.run(&["install", "-m", "0755", binary, "/usr/bin/byoh-agent"])
+        .await?;
     host.copy_in(
         &repo_root().join("systemd/byoh-agent.service"),
         "/etc/systemd/system/byoh-agent.service",
