@@ -57,4 +57,11 @@ pub enum Command {
     },
     /// Print the version, git commit and build date.
     Version,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page byoh-agent(8) in roff.
+    Man,
 }

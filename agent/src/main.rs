@@ -4,7 +4,7 @@
 use byoh_agent::cli::{Cli, Command, Format};
 use byoh_agent::config::{self, Origin, Overrides, Sourced};
 use byoh_agent::{AgentError, facts};
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -28,6 +28,13 @@ fn env_overrides() -> Overrides {
 fn dispatch(cli: Cli) -> Result<(), AgentError> {
     match cli.command {
         Command::Version => println!("{}", byoh_agent::VERSION_TEXT),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "byoh-agent", &mut std::io::stdout());
+        }
+        Command::Man => {
+            let man = clap_mangen::Man::new(Cli::command()).section("8");
+            man.render(&mut std::io::stdout()).map_err(|source| AgentError::Io { path: "stdout".into(), source })?;
+        }
         Command::CheckConfig => {
             let settings = config::load(&cli.config, env_overrides())?;
             let files: Vec<String> = settings
