@@ -1,1 +1,281 @@
-//! ValidatingAdmissionPolicies (CEL) generated for the components.
+//! ValidatingAdmissionPolicies (CEL, `admissionregistration.k8s.io/v1`, no webhook server)
+//! generated for the components.
+//!
+//! - [`HOST_POLICY`]: requests by a host (user name `byoh:host:<name>`) on `byohosts` (and
+//!   `byohosts/status`): only the ByoHost named exactly `<name>` (equality, never a substring);
+//!   `spec` (the controller's claim and clean-up mark) empty on CREATE and unchanged on UPDATE;
+//!   labels `cluster.x-k8s.io/cluster-name` and `byoh.infrastructure.cluster.x-k8s.io/byomachine-name`
+//!   neither set on CREATE nor changed on UPDATE; no DELETE while claimed.
+//! - [`LEASE_POLICY`]: a host may create, change or delete only the Lease named like itself.
+//! - [`TEMPLATE_POLICY`]: `spec` of ByoMachineTemplates and ByoClusterTemplates is immutable on
+//!   UPDATE (CAPI's rule: make a new template and point to it), except requests whose object
+//!   carries the annotation `topology.cluster.x-k8s.io/dry-run` (ClusterClass dry-runs).
+//!
+//! Each policy has a binding of the same name with `validationActions: [Deny]`. The policies
+//! match host users by name, so the controller's own ServiceAccount (whatever namespace it runs
+//! in) and human admins are never restricted by the host rules.
+
+use byoh_api::labels;
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation, Variable,
+};
+use kube::api::ObjectMeta;
+
+/// Name of the ByoHost policy and its binding.
+pub const HOST_POLICY: &str = "byoh-host-restriction";
+/// Name of the Lease policy and its binding.
+pub const LEASE_POLICY: &str = "byoh-host-lease-restriction";
+/// Name of the template immutability policy and its binding.
+pub const TEMPLATE_POLICY: &str = "byoh-template-immutability";
+
+/// CEL: the request comes from a host identity.
+const IS_HOST: &str = "request.userInfo.username.startsWith('byoh:host:')";
+/// CEL: the host's name (the user name after `byoh:host:`).
+const HOST_NAME: &str = "request.userInfo.username.substring(10)";
+/// CEL: the name of the object the request is about (`object` is null on DELETE).
+const OBJECT_NAME: &str =
+    "request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name";
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        labels: Some(
+            [(
+                labels::PROVIDER.to_string(),
+                labels::PROVIDER_NAME.to_string(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    }
+}
+
+fn strings(v: &[&str]) -> Option<Vec<String>> {
+    Some(v.iter().map(|s| s.to_string()).collect())
+}
+
+fn rule(group: &str, version: &str, resources: &[&str], ops: &[&str]) -> NamedRuleWithOperations {
+    NamedRuleWithOperations {
+        api_groups: strings(&[group]),
+        api_versions: strings(&[version]),
+        resources: strings(resources),
+        operations: strings(ops),
+        ..Default::default()
+    }
+}
+
+fn validation(expression: &str, message: &str, reason: &str) -> Validation {
+    Validation {
+        expression: expression.into(),
+        message: Some(message.into()),
+        reason: Some(reason.into()),
+        message_expression: None,
+    }
+}
+
+fn policy(
+    name: &str,
+    rules: Vec<NamedRuleWithOperations>,
+    match_conditions: Vec<MatchCondition>,
+    variables: Vec<Variable>,
+    validations: Vec<Validation>,
+) -> ValidatingAdmissionPolicy {
+    ValidatingAdmissionPolicy {
+        metadata: meta(name),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(rules),
+                ..Default::default()
+            }),
+            match_conditions: (!match_conditions.is_empty()).then_some(match_conditions),
+            variables: (!variables.is_empty()).then_some(variables),
+            validations: Some(validations),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn host_condition() -> Vec<MatchCondition> {
+    vec![MatchCondition {
+        name: "is-byoh-host".into(),
+        expression: IS_HOST.into(),
+    }]
+}
+
+fn host_variables() -> Vec<Variable> {
+    vec![
+        Variable {
+            name: "hostName".into(),
+            expression: HOST_NAME.into(),
+        },
+        Variable {
+            name: "objectName".into(),
+            expression: OBJECT_NAME.into(),
+        },
+    ]
+}
+
+/// CEL: value of label `key` on `obj` (`object` or `oldObject`), `''` when absent or null.
+fn label(obj: &str, key: &str) -> String {
+    format!(
+        "({obj} != null && has({obj}.metadata.labels) && '{key}' in {obj}.metadata.labels ? {obj}.metadata.labels['{key}'] : '')"
+    )
+}
+
+/// The ByoHost restriction for hosts (see the module documentation).
+pub fn host_policy() -> ValidatingAdmissionPolicy {
+    let g = byoh_api::GROUP;
+    let mut validations = vec![
+        validation(
+            "variables.objectName == variables.hostName",
+            "a host may only create, change or delete the ByoHost named exactly like itself",
+            "Forbidden",
+        ),
+        validation(
+            "request.operation != 'CREATE' || !has(object.spec) || (!has(object.spec.claim) && !has(object.spec.needsCleanup))",
+            "a host may not set spec (claim, needsCleanup) on the ByoHost it creates; spec is the controller's",
+            "Forbidden",
+        ),
+        validation(
+            "request.operation != 'UPDATE' || (has(object.spec) ? (has(oldObject.spec) && object.spec == oldObject.spec) : !has(oldObject.spec))",
+            "a host may not change spec (claim, needsCleanup) of its ByoHost; spec is the controller's",
+            "Forbidden",
+        ),
+        validation(
+            "request.operation != 'DELETE' || !has(oldObject.spec) || !has(oldObject.spec.claim)",
+            "a host may not delete its ByoHost while it is claimed; the ByoMachine must release it first",
+            "Forbidden",
+        ),
+    ];
+    for key in [labels::CLUSTER_NAME, labels::MACHINE_NAME] {
+        validations.push(validation(
+            &format!(
+                "request.operation == 'DELETE' || {} == {}",
+                label("object", key),
+                label("oldObject", key)
+            ),
+            &format!("a host may not set or change the label {key}; it is the controller's"),
+            "Forbidden",
+        ));
+    }
+    policy(
+        HOST_POLICY,
+        vec![rule(
+            g,
+            byoh_api::VERSION,
+            &["byohosts", "byohosts/status"],
+            &["CREATE", "UPDATE", "DELETE"],
+        )],
+        host_condition(),
+        host_variables(),
+        validations,
+    )
+}
+
+/// The Lease restriction for hosts (see the module documentation).
+pub fn lease_policy() -> ValidatingAdmissionPolicy {
+    policy(
+        LEASE_POLICY,
+        vec![rule(
+            "coordination.k8s.io",
+            "v1",
+            &["leases"],
+            &["CREATE", "UPDATE", "DELETE"],
+        )],
+        host_condition(),
+        host_variables(),
+        vec![validation(
+            "variables.objectName == variables.hostName",
+            "a host may only create or change the Lease named exactly like itself",
+            "Forbidden",
+        )],
+    )
+}
+
+/// The template immutability policy (see the module documentation).
+pub fn template_policy() -> ValidatingAdmissionPolicy {
+    let g = byoh_api::GROUP;
+    policy(
+        TEMPLATE_POLICY,
+        vec![rule(
+            g,
+            byoh_api::VERSION,
+            &["byomachinetemplates", "byoclustertemplates"],
+            &["UPDATE"],
+        )],
+        vec![],
+        vec![],
+        vec![validation(
+            &format!(
+                "object.spec == oldObject.spec || (has(object.metadata.annotations) && '{}' in object.metadata.annotations)",
+                labels::TOPOLOGY_DRY_RUN
+            ),
+            "spec of a ByoMachineTemplate or ByoClusterTemplate is immutable; create a new template and point to it",
+            "Invalid",
+        )],
+    )
+}
+
+/// The binding (same name, `validationActions: [Deny]`, all matched resources) of `policy`.
+pub fn binding(policy: &ValidatingAdmissionPolicy) -> ValidatingAdmissionPolicyBinding {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    ValidatingAdmissionPolicyBinding {
+        metadata: meta(&name),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(name),
+            validation_actions: strings(&["Deny"]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Every policy, in a stable order.
+pub fn policies() -> Vec<ValidatingAdmissionPolicy> {
+    vec![host_policy(), lease_policy(), template_policy()]
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn host_rules_use_equality_and_match_only_hosts() {
+        let p = host_policy();
+        let spec = p.spec.unwrap();
+        assert_eq!(
+            spec.match_conditions.unwrap()[0].expression,
+            "request.userInfo.username.startsWith('byoh:host:')"
+        );
+        assert_eq!("byoh:host:".len(), 10);
+        let exprs: Vec<String> = spec
+            .validations
+            .unwrap()
+            .into_iter()
+            .map(|v| v.expression)
+            .collect();
+        assert!(
+            exprs
+                .iter()
+                .any(|e| e == "variables.objectName == variables.hostName")
+        );
+        assert!(!exprs.iter().any(|e| e.contains("contains(")));
+        assert!(exprs.iter().any(|e| e.contains(labels::MACHINE_NAME)));
+    }
+
+    #[test]
+    fn every_policy_has_a_deny_binding() {
+        for p in policies() {
+            let b = binding(&p);
+            assert_eq!(b.metadata.name, p.metadata.name);
+            assert_eq!(
+                b.spec.unwrap().validation_actions.unwrap(),
+                vec!["Deny".to_string()]
+            );
+        }
+    }
+}

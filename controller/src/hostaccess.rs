@@ -1,1 +1,440 @@
-//! Per-host least privilege: Role/RoleBinding per ByoHost with resourceNames.
+//! Per-host least privilege (like the kubelet's Node authorizer + NodeRestriction, built from
+//! RBAC and a ValidatingAdmissionPolicy): a Role + RoleBinding per ByoHost.
+//!
+//! For each ByoHost `<ns>/<name>` the controller keeps a Role and a RoleBinding named
+//! [`role_name`] (`byoh-host-<name>`) in `<ns>`, owned by the ByoHost (garbage-collected with it),
+//! binding User `byoh:host:<name>` to, by `resourceNames` only:
+//! - its own `byohosts` (get, list, watch, update, patch, delete) and `byohosts/status` (get,
+//!   update, patch); list/watch work with the field selector `metadata.name=<name>`, which is
+//!   how the agent watches its host;
+//! - its own Lease `<name>` (`coordination.k8s.io`: get, list, watch, update, patch);
+//! - while claimed: `get` on the bootstrap data Secret named by `spec.claim.bootstrapSecretRef`
+//!   and get/list/watch on the `K8sInstallerConfig` named by `spec.claim.installerRef`; the
+//!   Role is rewritten when the claim changes, so a released host loses them.
+//!
+//! What cannot be restricted by name (`create` of ByoHosts and Leases) comes from the
+//! ClusterRole [`hosts_cluster_role`] for group `byoh:hosts`, and the admission policy
+//! (`crate::admission`) checks that the name is the host's own. Everything a host can do is
+//! therefore confined to its own objects.
+//!
+//! RBAC escalation prevention: the controller may only grant what it holds itself, so its
+//! ClusterRole (see `crate::manifests`) includes these verbs cluster-wide (notably `get` on
+//! Secrets and update/patch on Leases); it is given no `escalate`/`bind`, which would let it grant
+//! anything.
+
+use byoh_api::ByoHost;
+use futures::StreamExt as _;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Resource as _, ResourceExt as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Group of every host identity (certificate O).
+pub const HOSTS_GROUP: &str = crate::csr::HOSTS_GROUP;
+/// User name of host `<name>` is this prefix + `<name>` (certificate CN).
+pub const HOST_USER_PREFIX: &str = crate::csr::HOST_USER_PREFIX;
+/// Group of BYOH bootstrap tokens.
+pub const BOOTSTRAPPERS_GROUP: &str = crate::csr::BOOTSTRAPPERS_GROUP;
+/// Name of the ClusterRole (and its binding) for group `byoh:hosts`.
+pub const HOSTS_CLUSTER_ROLE: &str = "byoh-host";
+/// Name of the ClusterRole (and its binding) for group `system:bootstrappers:byoh`.
+pub const BOOTSTRAPPERS_CLUSTER_ROLE: &str = "byoh-bootstrapper";
+/// Field manager of the per-host Roles and RoleBindings.
+pub const FIELD_MANAGER: &str = "byoh-controller";
+/// Label on every per-host Role and RoleBinding: the host's name.
+pub const HOST_LABEL: &str = "byoh.infrastructure.cluster.x-k8s.io/host";
+
+const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+
+/// Name of the Role and RoleBinding of host `host`: `byoh-host-<host>`.
+pub fn role_name(host: &str) -> String {
+    format!("byoh-host-{host}")
+}
+
+/// A policy rule.
+pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> PolicyRule {
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(strings(groups)),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        resource_names: (!names.is_empty()).then(|| strings(names)),
+        non_resource_urls: None,
+    }
+}
+
+/// An RBAC subject of kind `kind` (`User` or `Group`).
+pub fn subject(kind: &str, name: &str) -> Subject {
+    Subject {
+        kind: kind.into(),
+        name: name.into(),
+        api_group: Some(RBAC_GROUP.into()),
+        namespace: None,
+    }
+}
+
+/// The rules of host `host`'s Role (see the module documentation).
+pub fn host_rules(host: &ByoHost) -> Vec<PolicyRule> {
+    let name = host.name_any();
+    let g = byoh_api::GROUP;
+    let mut rules = vec![
+        rule(
+            &[g],
+            &["byohosts"],
+            &["get", "list", "watch", "update", "patch", "delete"],
+            &[&name],
+        ),
+        rule(
+            &[g],
+            &["byohosts/status"],
+            &["get", "update", "patch"],
+            &[&name],
+        ),
+        rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "list", "watch", "update", "patch"],
+            &[&name],
+        ),
+    ];
+    if let Some(claim) = &host.spec.claim {
+        if !claim.bootstrap_secret_ref.name.is_empty() {
+            rules.push(rule(
+                &[""],
+                &["secrets"],
+                &["get"],
+                &[&claim.bootstrap_secret_ref.name],
+            ));
+        }
+        if let Some(installer) = claim
+            .installer_ref
+            .as_ref()
+            .filter(|r| r.api_group == g && r.kind == "K8sInstallerConfig")
+        {
+            rules.push(rule(
+                &[g],
+                &["k8sinstallerconfigs"],
+                &["get", "list", "watch"],
+                &[&installer.name],
+            ));
+        }
+    }
+    rules
+}
+
+fn host_meta(host: &ByoHost) -> ObjectMeta {
+    let name = host.name_any();
+    ObjectMeta {
+        name: Some(role_name(&name)),
+        namespace: host.namespace(),
+        labels: Some(
+            [
+                (HOST_LABEL.to_string(), name),
+                (
+                    byoh_api::labels::PROVIDER.to_string(),
+                    byoh_api::labels::PROVIDER_NAME.to_string(),
+                ),
+            ]
+            .into(),
+        ),
+        owner_references: host.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+/// Host `host`'s Role (owned by the ByoHost).
+pub fn host_role(host: &ByoHost) -> Role {
+    Role {
+        metadata: host_meta(host),
+        rules: Some(host_rules(host)),
+    }
+}
+
+/// Host `host`'s RoleBinding: User `byoh:host:<name>` to [`host_role`].
+pub fn host_role_binding(host: &ByoHost) -> RoleBinding {
+    let name = host.name_any();
+    RoleBinding {
+        metadata: host_meta(host),
+        role_ref: RoleRef {
+            api_group: RBAC_GROUP.into(),
+            kind: "Role".into(),
+            name: role_name(&name),
+        },
+        subjects: Some(vec![subject("User", &format!("{HOST_USER_PREFIX}{name}"))]),
+    }
+}
+
+fn cluster_meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        labels: Some(
+            [(
+                byoh_api::labels::PROVIDER.to_string(),
+                byoh_api::labels::PROVIDER_NAME.to_string(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// ClusterRole for group `byoh:hosts`: what cannot be restricted by name. `create` of ByoHosts
+/// and Leases (the admission policy requires the host's own name), CSRs (create, get, list,
+/// watch: certificate renewal), and Events (create, patch; the agent reports on its ByoHost).
+pub fn hosts_cluster_role() -> ClusterRole {
+    ClusterRole {
+        metadata: cluster_meta(HOSTS_CLUSTER_ROLE),
+        rules: Some(vec![
+            rule(&[byoh_api::GROUP], &["byohosts"], &["create"], &[]),
+            rule(&["coordination.k8s.io"], &["leases"], &["create"], &[]),
+            rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests"],
+                &["create", "get", "list", "watch"],
+                &[],
+            ),
+            rule(
+                &["", "events.k8s.io"],
+                &["events"],
+                &["create", "patch"],
+                &[],
+            ),
+        ]),
+        aggregation_rule: None,
+    }
+}
+
+/// ClusterRole for group `system:bootstrappers:byoh`: CSRs only (create, get, list, watch).
+pub fn bootstrappers_cluster_role() -> ClusterRole {
+    ClusterRole {
+        metadata: cluster_meta(BOOTSTRAPPERS_CLUSTER_ROLE),
+        rules: Some(vec![rule(
+            &["certificates.k8s.io"],
+            &["certificatesigningrequests"],
+            &["create", "get", "list", "watch"],
+            &[],
+        )]),
+        aggregation_rule: None,
+    }
+}
+
+/// ClusterRoleBinding of ClusterRole `role` to Group `group`.
+pub fn group_binding(role: &str, group: &str) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: cluster_meta(role),
+        role_ref: RoleRef {
+            api_group: RBAC_GROUP.into(),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![subject("Group", group)]),
+    }
+}
+
+/// Errors of the host access reconciler.
+#[derive(Debug, thiserror::Error)]
+pub enum HostAccessError {
+    /// Writing a Role or RoleBinding failed.
+    #[error("writing {kind} {namespace}/{name}: {source}")]
+    Api {
+        /// `Role` or `RoleBinding`.
+        kind: &'static str,
+        /// Namespace of the host.
+        namespace: String,
+        /// Name of the object.
+        name: String,
+        /// The client error.
+        source: Box<kube::Error>,
+    },
+    /// An object could not be serialised (never for these types).
+    #[error("serialising {0}: {1}")]
+    Serialise(&'static str, serde_json::Error),
+}
+
+/// Options of the host access reconciler.
+#[derive(Clone, Debug, Default)]
+pub struct HostAccessOptions {
+    /// Watch only this namespace (`--namespace`); `None` watches all.
+    pub namespace: Option<String>,
+}
+
+struct Ctx {
+    client: kube::Client,
+}
+
+fn apply_body<T: serde::Serialize>(
+    obj: &T,
+    kind: &'static str,
+) -> Result<serde_json::Value, HostAccessError> {
+    let mut v = serde_json::to_value(obj).map_err(|e| HostAccessError::Serialise(kind, e))?;
+    v["apiVersion"] = format!("{RBAC_GROUP}/v1").into();
+    v["kind"] = kind.into();
+    Ok(v)
+}
+
+/// Writes host `host`'s Role and RoleBinding (server-side apply, forced: the controller owns
+/// them). Used by the reconciler; public so tests and tools can grant a host its access.
+///
+/// # Errors
+/// [`HostAccessError`] if the API server refuses either object.
+pub async fn apply_host_access(
+    client: &kube::Client,
+    host: &ByoHost,
+) -> Result<(), HostAccessError> {
+    let ns = host.namespace().unwrap_or_default();
+    let name = role_name(&host.name_any());
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let err = |kind: &'static str| {
+        let (ns, name) = (ns.clone(), name.clone());
+        move |source| HostAccessError::Api {
+            kind,
+            namespace: ns,
+            name,
+            source: Box::new(source),
+        }
+    };
+    Api::<Role>::namespaced(client.clone(), &ns)
+        .patch(
+            &name,
+            &pp,
+            &Patch::Apply(apply_body(&host_role(host), "Role")?),
+        )
+        .await
+        .map_err(err("Role"))?;
+    Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .patch(
+            &name,
+            &pp,
+            &Patch::Apply(apply_body(&host_role_binding(host), "RoleBinding")?),
+        )
+        .await
+        .map_err(err("RoleBinding"))?;
+    Ok(())
+}
+
+async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAccessError> {
+    if host.metadata.deletion_timestamp.is_some() {
+        // The Role goes with the ByoHost (owner reference); until then it stays as it is.
+        return Ok(Action::await_change());
+    }
+    apply_host_access(&ctx.client, &host).await?;
+    tracing::debug!(byoh_host = %host.name_any(), namespace = ?host.namespace(), "host access applied");
+    // Re-apply now and then to repair drift (the Roles themselves are not watched).
+    Ok(Action::requeue(Duration::from_secs(600)))
+}
+
+fn error_policy(host: Arc<ByoHost>, error: &HostAccessError, _ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(byoh_host = %host.name_any(), %error, "host access reconcile failed; retrying in 10 s");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Runs the host access reconciler (one Role + RoleBinding per ByoHost) until its watch stream
+/// ends (drop the future to stop it).
+///
+/// Needs: `byohosts` get/list/watch; `roles` and `rolebindings` create/patch; and every
+/// permission it grants (see the module documentation).
+///
+/// # Errors
+/// None today; the `Result` leaves room for start-up checks.
+pub async fn run(client: kube::Client, opts: HostAccessOptions) -> anyhow::Result<()> {
+    let api = match &opts.namespace {
+        Some(ns) => Api::<ByoHost>::namespaced(client.clone(), ns),
+        None => Api::<ByoHost>::all(client.clone()),
+    };
+    let ctx = Arc::new(Ctx { client });
+    tracing::info!(namespace = ?opts.namespace, "starting the host access reconciler");
+    Controller::new(api, watcher::Config::default())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "host access reconcile");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use byoh_api::byohost::{HostClaim, MachineReference};
+    use byoh_api::common::{LocalObjectReference, TypedLocalObjectReference};
+
+    fn host(claim: Option<HostClaim>) -> ByoHost {
+        let mut h = ByoHost::new("a", Default::default());
+        h.metadata.namespace = Some("pool".into());
+        h.metadata.uid = Some("uid-a".into());
+        h.spec.claim = claim;
+        h
+    }
+
+    #[test]
+    fn a_free_host_gets_only_its_own_host_and_lease() {
+        let rules = host_rules(&host(None));
+        assert_eq!(rules.len(), 3);
+        for r in &rules {
+            assert_eq!(r.resource_names.as_deref(), Some(&["a".to_string()][..]));
+            assert!(!r.resources.as_ref().unwrap().contains(&"secrets".into()));
+        }
+        let binding = host_role_binding(&host(None));
+        assert_eq!(binding.metadata.name.as_deref(), Some("byoh-host-a"));
+        let s = &binding.subjects.unwrap()[0];
+        assert_eq!((s.kind.as_str(), s.name.as_str()), ("User", "byoh:host:a"));
+        let owner = &host_role(&host(None)).metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ByoHost", "uid-a")
+        );
+    }
+
+    #[test]
+    fn a_claimed_host_gets_its_bootstrap_secret_and_installer_config() {
+        let claim = HostClaim {
+            machine_ref: MachineReference {
+                name: "m".into(),
+                uid: "u".into(),
+            },
+            cluster_name: "c".into(),
+            bootstrap_secret_ref: LocalObjectReference {
+                name: "m-bootstrap".into(),
+            },
+            installer_ref: Some(TypedLocalObjectReference {
+                api_group: byoh_api::GROUP.into(),
+                kind: "K8sInstallerConfig".into(),
+                name: "m-installer".into(),
+            }),
+            provider_id: "byoh://a/x".into(),
+            ..Default::default()
+        };
+        let rules = host_rules(&host(Some(claim)));
+        let secrets = rules
+            .iter()
+            .find(|r| r.resources.as_ref().unwrap() == &["secrets".to_string()])
+            .unwrap();
+        assert_eq!(secrets.verbs, vec!["get".to_string()]);
+        assert_eq!(
+            secrets.resource_names.as_deref(),
+            Some(&["m-bootstrap".to_string()][..])
+        );
+        assert!(rules.iter().any(|r| r.resources.as_ref().unwrap()
+            == &["k8sinstallerconfigs".to_string()]
+            && r.resource_names.as_deref() == Some(&["m-installer".to_string()][..])));
+    }
+
+    #[test]
+    fn cluster_roles_have_no_secret_or_wildcard_access() {
+        for cr in [hosts_cluster_role(), bootstrappers_cluster_role()] {
+            for r in cr.rules.unwrap() {
+                assert!(!r.verbs.contains(&"*".to_string()));
+                let res = r.resources.unwrap();
+                assert!(!res.contains(&"secrets".to_string()) && !res.contains(&"*".to_string()));
+            }
+        }
+    }
+}
