@@ -64,4 +64,41 @@ pub enum Command {
     },
     /// Print the man page byoh-agent(8) in roff.
     Man,
+    /// Check or run cloud-config bootstrap data by hand (what the agent runs when its host is
+    /// claimed).
+    CloudConfig {
+        /// What to do.
+        #[command(subcommand)]
+        command: CloudConfigCommand,
+    },
+}
+
+/// Subcommands of `byoh-agent cloud-config`. Both exit 0 on success, 1 when the document is
+/// refused or a step fails, 78 when the agent configuration is invalid.
+#[derive(Debug, Subcommand)]
+pub enum CloudConfigCommand {
+    /// Parse and validate FILE without changing anything; print every file that would be
+    /// written (path, mode, owner, size, encoding) and every command that would run. The
+    /// commands are printed as written and may hold secrets such as join tokens: treat the
+    /// output as sensitive.
+    Validate {
+        /// The cloud-config (the bootstrap Secret's `value`).
+        file: PathBuf,
+        /// Host name to expand `{{ v1.local_hostname }}` with and to compare `hostname` to;
+        /// default: `[host] name`, else this machine's hostname.
+        #[arg(long, value_name = "NAME")]
+        hostname: Option<String>,
+        /// The bootstrap Secret's `format` (`cloud-config`; `ignition` is refused).
+        #[arg(long, default_value = "cloud-config")]
+        format: String,
+    },
+    /// Validate FILE, then run it on this host: write its files, run its commands. Refused
+    /// while this host is claimed (`<state_dir>/state.json` holds a claim).
+    Apply {
+        /// The cloud-config (the bootstrap Secret's `value`).
+        file: PathBuf,
+        /// The bootstrap Secret's `format` (`cloud-config`; `ignition` is refused).
+        #[arg(long, default_value = "cloud-config")]
+        format: String,
+    },
 }

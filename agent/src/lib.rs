@@ -5,6 +5,7 @@
 //! bootstrap, reset). See `docs/architecture.md`.
 
 pub mod cli;
+pub mod cloudinit;
 pub mod config;
 pub mod facts;
 pub mod fsutil;

@@ -10,6 +10,9 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::CloudConfig { command } = cli.command {
+        return ExitCode::from(byoh_agent::cloudinit::cli::run(command, &cli.config));
+    }
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -27,13 +30,24 @@ fn env_overrides() -> Overrides {
 
 fn dispatch(cli: Cli) -> Result<(), AgentError> {
     match cli.command {
+        // Handled in main() before dispatch (its own exit statuses).
+        Command::CloudConfig { .. } => {}
         Command::Version => println!("{}", byoh_agent::VERSION_TEXT),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "byoh-agent", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "byoh-agent",
+                &mut std::io::stdout(),
+            );
         }
         Command::Man => {
             let man = clap_mangen::Man::new(Cli::command()).section("8");
-            man.render(&mut std::io::stdout()).map_err(|source| AgentError::Io { path: "stdout".into(), source })?;
+            man.render(&mut std::io::stdout())
+                .map_err(|source| AgentError::Io {
+                    path: "stdout".into(),
+                    source,
+                })?;
         }
         Command::CheckConfig => {
             let settings = config::load(&cli.config, env_overrides())?;

@@ -35,6 +35,10 @@ pub const DEFAULT_CERTIFICATE_LIFETIME_SECS: u64 = 30 * 24 * 3600;
 pub const MIN_CERTIFICATE_LIFETIME_SECS: u64 = 3600;
 /// Longest accepted client certificate lifetime (1 year); the controller refuses longer ones.
 pub const MAX_CERTIFICATE_LIFETIME_SECS: u64 = 365 * 24 * 3600;
+/// Shortest accepted runcmd command timeout (10 seconds).
+pub const MIN_COMMAND_TIMEOUT_SECS: u64 = 10;
+/// Longest accepted runcmd command timeout (24 hours).
+pub const MAX_COMMAND_TIMEOUT_SECS: u64 = 24 * 3600;
 
 /// Where a setting came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,6 +120,8 @@ pub struct Merged {
     log_level: Option<Sourced<String>>,
     lease_duration: Option<Sourced<String>>,
     metrics_address: Option<Sourced<String>>,
+    ignore_modules: Option<Sourced<Vec<String>>>,
+    command_timeout: Option<Sourced<String>>,
     /// Files read, in order.
     files: Vec<PathBuf>,
 }
@@ -200,6 +206,11 @@ pub struct Settings {
     pub lease_duration: Duration,
     /// Metrics endpoint, `None` when disabled.
     pub metrics_address: Option<SocketAddr>,
+    /// cloud-config modules accepted without running them (`[bootstrap] ignore_modules`);
+    /// each is one of [`crate::cloudinit::IGNORABLE_MODULES`].
+    pub ignore_modules: Vec<String>,
+    /// Timeout of each runcmd command (`[bootstrap] command_timeout`).
+    pub command_timeout: Duration,
     /// Config files read, in order.
     pub files: Vec<PathBuf>,
 }
@@ -298,6 +309,7 @@ impl Merged {
             lease_duration,
             metrics_address
         );
+        set!(raw.bootstrap, ignore_modules, command_timeout);
     }
 
     /// Applies environment and flag overrides.
@@ -408,6 +420,32 @@ impl Merged {
             MAX_CERTIFICATE_LIFETIME_SECS,
         );
 
+        let command_timeout = duration(
+            &self.command_timeout,
+            "bootstrap.command_timeout",
+            crate::cloudinit::DEFAULT_COMMAND_TIMEOUT_SECS,
+            MIN_COMMAND_TIMEOUT_SECS,
+            MAX_COMMAND_TIMEOUT_SECS,
+        );
+
+        let ignore_modules = match self.ignore_modules {
+            Some(v) => {
+                for m in &v.value {
+                    if !crate::cloudinit::is_ignorable_module(m) {
+                        bad(
+                            &v.origin,
+                            "bootstrap.ignore_modules",
+                            format!(
+                                "\"{m}\" is not a cloud-config module that byoh-agent refuses; expected names such as \"ntp\", \"users\", \"bootcmd\" (docs/architecture.md, Cloud-config, lists them; write_files and runcmd always run)"
+                            ),
+                        );
+                    }
+                }
+                v.value
+            }
+            None => Vec::new(),
+        };
+
         let host_name = self.name.map(|v| {
             if let Err(m) = check_dns_subdomain(&v.value) {
                 bad(&v.origin, "host.name", m);
@@ -475,6 +513,8 @@ impl Merged {
             log_level,
             lease_duration,
             metrics_address,
+            ignore_modules,
+            command_timeout,
             files: self.files,
         })
     }

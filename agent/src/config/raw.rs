@@ -14,6 +14,8 @@ pub struct RawConfig {
     pub host: Option<RawHost>,
     /// `[agent]` table.
     pub agent: Option<RawAgent>,
+    /// `[bootstrap]` table.
+    pub bootstrap: Option<RawBootstrap>,
 }
 
 /// `[cluster]`: how to reach the management cluster.
@@ -58,4 +60,14 @@ pub struct RawAgent {
     pub lease_duration: Option<Spanned<String>>,
     /// Address of the metrics endpoint, e.g. `127.0.0.1:9101`; empty disables.
     pub metrics_address: Option<Spanned<String>>,
+}
+
+/// `[bootstrap]`: how the Machine's bootstrap data (cloud-config) is run.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBootstrap {
+    /// cloud-config modules accepted without running them, e.g. `["ntp"]`.
+    pub ignore_modules: Option<Spanned<Vec<String>>>,
+    /// Timeout of each runcmd command, e.g. `30m`.
+    pub command_timeout: Option<Spanned<String>>,
 }

@@ -57,6 +57,8 @@ fn sample_config_parses_and_equals_the_defaults() {
         "log_level",
         "lease_duration",
         "metrics_address",
+        "ignore_modules",
+        "command_timeout",
     ] {
         assert!(
             sample.contains(&format!("# {key} = ")),
@@ -284,4 +286,70 @@ fn label_rules() {
     assert!(check_label("x", &"v".repeat(64)).is_err());
     assert!(check_dns_subdomain("worker-01.example").is_ok());
     assert!(check_dns_subdomain("Worker").is_err());
+}
+
+#[test]
+fn bootstrap_keys_default_parse_and_merge() {
+    let s = load_text("").unwrap();
+    assert!(s.ignore_modules.is_empty());
+    assert_eq!(s.command_timeout, Duration::from_secs(30 * 60));
+
+    let s = load_text(
+        "[bootstrap]\nignore_modules = [\"ntp\", \"users\"]\ncommand_timeout = \"45m\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.ignore_modules,
+        vec!["ntp".to_string(), "users".to_string()]
+    );
+    assert_eq!(s.command_timeout, Duration::from_secs(45 * 60));
+
+    // A drop-in replaces the list as a whole.
+    let dir = tempfile::tempdir().unwrap();
+    let main = write(
+        dir.path(),
+        "agent.toml",
+        "[bootstrap]\nignore_modules = [\"ntp\"]\n",
+    );
+    write(
+        dir.path(),
+        "agent.toml.d/10-more.toml",
+        "[bootstrap]\nignore_modules = [\"mounts\"]\n",
+    );
+    let s = load(&main, Overrides::default()).unwrap();
+    assert_eq!(s.ignore_modules, vec!["mounts".to_string()]);
+}
+
+#[test]
+fn bootstrap_keys_are_checked_with_lines() {
+    let e = load_text(
+        "[bootstrap]\nignore_modules = [\"ntp\", \"npt\", \"write_files\"]\ncommand_timeout = \"2s\"\n",
+    )
+    .unwrap_err();
+    let text = e.to_string();
+    let keys: Vec<(&str, usize)> =
+        e.0.iter()
+            .map(|p| {
+                let line = match &p.origin {
+                    Origin::File { line, .. } => *line,
+                    _ => 0,
+                };
+                (p.key.as_str(), line)
+            })
+            .collect();
+    assert!(keys.contains(&("bootstrap.ignore_modules", 2)), "{text}");
+    assert!(keys.contains(&("bootstrap.command_timeout", 3)), "{text}");
+    assert!(
+        text.contains("\"npt\" is not a cloud-config module"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"write_files\" is not a cloud-config module"),
+        "{text}"
+    );
+    assert!(!text.contains("\"ntp\" is not"), "{text}");
+    let e = load_text("[bootstrap]\nignore = []\n").unwrap_err();
+    assert!(e.to_string().contains("unknown field"), "{e}");
+    let e = load_text("[bootstrap]\nignore_modules = \"ntp\"\n").unwrap_err();
+    assert_eq!(e.0[0].key, "bootstrap.ignore_modules");
 }

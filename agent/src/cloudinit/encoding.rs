@@ -1,0 +1,195 @@
+//! `write_files` `encoding`: the aliases of cloud-init's `cc_write_files.canonicalize_extraction`
+//! (matched after trimming, case-insensitive) and the decoding of each.
+//!
+//! - `b64`, `base64` → base64;
+//! - `gz`, `gzip` → gzip: the content's bytes (normally given as YAML `!!binary`, which YAML
+//!   already base64-decodes) are gunzipped;
+//! - `gz+base64`, `gzip+base64`, `gz+b64`, `gzip+b64` → base64, then gunzip;
+//! - `text/plain`, or no encoding → the content as is.
+//!
+//! cloud-init logs a warning for any other value and writes the content as plain text; this
+//! agent refuses it instead. Gzip streams are fully checked (CRC-32 and length trailer) and
+//! bounded by [`super::MAX_FILE_BYTES`].
+
+use base64::Engine as _;
+use std::io::Read as _;
+
+/// A canonical `write_files` encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// No decoding (`text/plain`, or none given).
+    Plain,
+    /// Base64 (`b64`, `base64`).
+    Base64,
+    /// Gzip (`gz`, `gzip`).
+    Gzip,
+    /// Base64, then gzip (`gz+base64`, `gzip+base64`, `gz+b64`, `gzip+b64`).
+    GzipBase64,
+}
+
+/// Every accepted spelling (lower case).
+pub const ENCODING_ALIASES: &[&str] = &[
+    "b64",
+    "base64",
+    "gz",
+    "gzip",
+    "gz+base64",
+    "gzip+base64",
+    "gz+b64",
+    "gzip+b64",
+    "text/plain",
+];
+
+impl Encoding {
+    /// Parses an `encoding` value; `None` for an unknown one.
+    pub fn parse(value: &str) -> Option<Encoding> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "text/plain" => Some(Encoding::Plain),
+            "b64" | "base64" => Some(Encoding::Base64),
+            "gz" | "gzip" => Some(Encoding::Gzip),
+            "gz+base64" | "gzip+base64" | "gz+b64" | "gzip+b64" => Some(Encoding::GzipBase64),
+            _ => None,
+        }
+    }
+
+    /// The canonical name, as shown by `cloud-config validate`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Plain => "text/plain",
+            Encoding::Base64 => "base64",
+            Encoding::Gzip => "gzip",
+            Encoding::GzipBase64 => "gzip+base64",
+        }
+    }
+
+    /// Decodes `data` (the content's bytes). The error message never holds content.
+    pub(crate) fn decode(self, data: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+        let bytes = match self {
+            Encoding::Plain => data.to_vec(),
+            Encoding::Base64 => base64_decode(data)?,
+            Encoding::Gzip => gunzip(data, limit)?,
+            Encoding::GzipBase64 => gunzip(&base64_decode(data)?, limit)?,
+        };
+        if bytes.len() > limit {
+            return Err(format!(
+                "decoded content is larger than {limit} bytes, the limit per file"
+            ));
+        }
+        Ok(bytes)
+    }
+}
+
+/// Base64 (standard alphabet) ignoring ASCII whitespace, as YAML `!!binary` and Python's
+/// `b64decode` of a multi-line value.
+pub(crate) fn base64_decode(data: &[u8]) -> Result<Vec<u8>, String> {
+    let compact: Vec<u8> = data
+        .iter()
+        .copied()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(&compact)
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(&compact))
+        .map_err(|e| format!("content is not valid base64 ({e})"))
+}
+
+fn gunzip(data: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+    if data.len() < 2 || data[..2] != [0x1f, 0x8b] {
+        return Err("content is not gzip data (no gzip header)".into());
+    }
+    let mut out = Vec::new();
+    let limit_u64 = u64::try_from(limit).unwrap_or(u64::MAX);
+    flate2::read::MultiGzDecoder::new(data)
+        .take(limit_u64.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| {
+            let why = match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => "the stream is truncated".to_string(),
+                _ => e.to_string(),
+            };
+            format!("content is not a valid gzip stream: {why}")
+        })?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    const HELLO_GZ_B64: &str = "H4sIAAAAAAAC/8tIzcnJ5wIAIDA6NgYAAAA=";
+
+    #[test]
+    fn every_alias_case_insensitive() {
+        for a in ENCODING_ALIASES {
+            assert!(Encoding::parse(a).is_some(), "{a}");
+            assert!(Encoding::parse(&a.to_uppercase()).is_some(), "{a}");
+            assert!(Encoding::parse(&format!(" {a} ")).is_some(), "{a}");
+        }
+        assert_eq!(Encoding::parse("B64"), Some(Encoding::Base64));
+        assert_eq!(Encoding::parse("Gz+B64"), Some(Encoding::GzipBase64));
+        assert_eq!(Encoding::parse("gzip"), Some(Encoding::Gzip));
+        assert_eq!(Encoding::parse(""), Some(Encoding::Plain));
+        for bad in ["base-64", "base32", "gzip+base-64", "plain", "text", "zstd"] {
+            assert_eq!(Encoding::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn decodes_to_the_same_bytes() {
+        let gz = base64_decode(HELLO_GZ_B64.as_bytes()).unwrap();
+        assert_eq!(
+            Encoding::GzipBase64
+                .decode(HELLO_GZ_B64.as_bytes(), 100)
+                .unwrap(),
+            b"hello\n"
+        );
+        assert_eq!(
+            Encoding::Base64.decode(b"aGVs\n bG8K\n", 100).unwrap(),
+            b"hello\n"
+        );
+        assert_eq!(Encoding::Gzip.decode(&gz, 100).unwrap(), b"hello\n");
+        assert_eq!(Encoding::Plain.decode(b"hello\n", 100).unwrap(), b"hello\n");
+    }
+
+    #[test]
+    fn gzip_integrity_is_checked() {
+        let mut gz = base64_decode(HELLO_GZ_B64.as_bytes()).unwrap();
+        // Truncated (case 01's e.conf): no trailer.
+        let e = Encoding::GzipBase64
+            .decode(b"H4sIAAAAAAAC/8tIzcnJVyjPL8o=", 100)
+            .unwrap_err();
+        assert!(e.contains("gzip"), "{e}");
+        // Wrong CRC.
+        let n = gz.len();
+        gz[n - 8] ^= 0xff;
+        assert!(Encoding::Gzip.decode(&gz, 100).is_err());
+        // Wrong length.
+        let mut gz2 = base64_decode(HELLO_GZ_B64.as_bytes()).unwrap();
+        gz2[n - 4] ^= 0x01;
+        assert!(Encoding::Gzip.decode(&gz2, 100).is_err());
+        // Not gzip at all.
+        assert!(
+            Encoding::Gzip
+                .decode(b"hello", 100)
+                .unwrap_err()
+                .contains("no gzip header")
+        );
+        assert!(Encoding::Base64.decode(b"!!!", 100).is_err());
+    }
+
+    #[test]
+    fn decoded_size_is_bounded() {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(&vec![0u8; 10_000]).unwrap();
+        let gz = enc.finish().unwrap();
+        assert!(
+            Encoding::Gzip
+                .decode(&gz, 1000)
+                .unwrap_err()
+                .contains("larger than 1000")
+        );
+        assert_eq!(Encoding::Gzip.decode(&gz, 10_000).unwrap().len(), 10_000);
+        assert!(Encoding::Plain.decode(&[1; 11], 10).is_err());
+    }
+}

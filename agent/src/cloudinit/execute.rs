@@ -1,0 +1,202 @@
+//! Stage 3: carrying out a validated [`Plan`] against a filesystem root.
+//!
+//! Files: parents created 0755 (existing directories untouched); a new or replaced file is
+//! written atomically ([`crate::fsutil::write_atomic`]: temporary file, fsync, rename, fsync of
+//! the directory) with its mode set exactly (default 0644), then chowned; an append opens the
+//! file with `O_APPEND`, writes, fsyncs, and sets the mode only when one was requested.
+//! Commands: sequential, through the [`CommandRunner`], stopping at the first one that fails.
+//!
+//! Commands run on the live system even when the root is not `/` (tests pass a fake runner).
+//! Logs hold paths, modes, indices and exit statuses, never contents or command output.
+
+use super::runner::{CommandRunner, Exit, stderr_tail};
+use super::validate::{DEFAULT_FILE_MODE, FileWrite, Plan};
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Why execution stopped. Files written and commands run before it stay as they are.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// A file could not be written.
+    #[error("write_files[{index}] {}: {what} failed: {source}", path.display())]
+    File {
+        /// Index in `write_files`.
+        index: usize,
+        /// The path on the host.
+        path: PathBuf,
+        /// The step: creating the parent directories, writing, appending, chmod, chown.
+        what: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A command could not be started.
+    #[error("runcmd[{index}] could not be started: {source}")]
+    Start {
+        /// Index in `runcmd`.
+        index: usize,
+        /// The I/O error (e.g. no such program).
+        source: std::io::Error,
+    },
+    /// A command failed; later commands did not run.
+    #[error("runcmd[{index}] failed: {}{}", exit_text(*.exit), tail_text(.stderr_tail))]
+    Command {
+        /// Index in `runcmd`.
+        index: usize,
+        /// How it ended.
+        exit: Exit,
+        /// The tail of its standard error (the last 20 lines, at most 2 KiB).
+        stderr_tail: String,
+    },
+}
+
+fn exit_text(e: Exit) -> String {
+    match e {
+        Exit::Code(c) => format!("exit status {c}"),
+        Exit::Signal(s) => format!("killed by signal {s}"),
+        Exit::TimedOut => "timed out and was killed".into(),
+    }
+}
+
+fn tail_text(t: &str) -> String {
+    if t.is_empty() {
+        "; it printed nothing on stderr".into()
+    } else {
+        format!("; the end of its stderr:\n{t}")
+    }
+}
+
+/// What execution did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecReport {
+    /// Paths written (on the host), in order.
+    pub files_written: Vec<PathBuf>,
+    /// Number of commands that ran and succeeded.
+    pub commands_run: usize,
+}
+
+/// `path` (absolute on the host) under `root`.
+fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Creates the missing ancestors of `target` (below `root`) with mode 0755.
+fn create_parents(root: &Path, path: &Path) -> std::io::Result<()> {
+    let Some(parent) = path.parent() else {
+        return Ok(());
+    };
+    let mut missing = Vec::new();
+    let mut cur = Some(parent);
+    while let Some(dir) = cur {
+        let full = under(root, dir);
+        if full.is_dir() || dir == Path::new("/") {
+            break;
+        }
+        missing.push(full);
+        cur = dir.parent();
+    }
+    for dir in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+            Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn write_one(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
+    let err = |what: &'static str| {
+        let path = f.path.clone();
+        let index = f.index;
+        move |source| ExecError::File {
+            index,
+            path,
+            what,
+            source,
+        }
+    };
+    let target = under(root, &f.path);
+    create_parents(root, &f.path).map_err(err("creating the parent directories"))?;
+    let existing = f.append && target.exists();
+    if existing {
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&target)
+            .map_err(err("opening for append"))?;
+        file.write_all(&f.content).map_err(err("appending"))?;
+        file.sync_all().map_err(err("fsync"))?;
+        if let Some(mode) = f.mode {
+            file.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(err("chmod"))?;
+        }
+    } else {
+        let mode = f.mode.unwrap_or(DEFAULT_FILE_MODE);
+        // Created with the mode already (write_atomic), so the content is never readable by
+        // others even for a moment when the mode is restrictive.
+        crate::fsutil::write_atomic(&target, &f.content, mode).map_err(err("writing"))?;
+    }
+    if let Some(owner) = &f.owner {
+        let mode = std::fs::metadata(&target)
+            .map_err(err("stat"))?
+            .permissions()
+            .mode()
+            & 0o7777;
+        std::os::unix::fs::chown(&target, Some(owner.uid), owner.gid).map_err(err("chown"))?;
+        // chown(2) clears the setuid and setgid bits: set the mode again.
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+            .map_err(err("chmod"))?;
+    }
+    Ok(())
+}
+
+/// Executes a validated plan: files (non-deferred, then deferred) under `root`, then commands
+/// through `runner`, each limited to `command_timeout`.
+///
+/// # Errors
+/// [`ExecError`] for the first file that cannot be written or the first command that cannot
+/// start or fails; nothing after it runs.
+pub async fn execute(
+    plan: &Plan,
+    root: &Path,
+    runner: &impl CommandRunner,
+    command_timeout: Duration,
+) -> Result<ExecReport, ExecError> {
+    let mut report = ExecReport::default();
+    for f in &plan.files {
+        write_one(root, f)?;
+        tracing::info!(
+            index = f.index,
+            path = %f.path.display(),
+            mode = %format!("{:04o}", f.mode.unwrap_or(DEFAULT_FILE_MODE)),
+            owner = f.owner.as_ref().map_or("", |o| o.spec.as_str()),
+            append = f.append,
+            defer = f.defer,
+            bytes = f.content.len(),
+            "write_files: wrote file"
+        );
+        report.files_written.push(f.path.clone());
+    }
+    for c in &plan.commands {
+        tracing::info!(index = c.index, "runcmd: running command");
+        let outcome = runner
+            .run(&c.form, command_timeout)
+            .await
+            .map_err(|source| ExecError::Start {
+                index: c.index,
+                source,
+            })?;
+        if !outcome.exit.success() {
+            tracing::warn!(index = c.index, exit = %exit_text(outcome.exit), "runcmd: command failed");
+            return Err(ExecError::Command {
+                index: c.index,
+                exit: outcome.exit,
+                stderr_tail: stderr_tail(&outcome.stderr),
+            });
+        }
+        tracing::info!(index = c.index, "runcmd: command succeeded");
+        report.commands_run += 1;
+    }
+    Ok(report)
+}

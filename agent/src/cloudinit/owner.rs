@@ -1,0 +1,139 @@
+//! `write_files` `owner`: `user:group` or `user`, each a name or a numeric id, resolved against
+//! `etc/passwd` and `etc/group` under the filesystem root (not the live system's NSS, so a
+//! temporary root in tests is honoured). With `user` alone the group is left as created (root),
+//! as cloud-init's `chownbyname(path, user, None)`.
+
+use std::path::Path;
+
+/// A resolved owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// As written, e.g. `root:root`.
+    pub spec: String,
+    /// User id.
+    pub uid: u32,
+    /// Group id; `None` leaves the group unchanged.
+    pub gid: Option<u32>,
+}
+
+/// Looks `name` up in a passwd/group style file (`name:x:ID:...`); returns its id.
+fn lookup(text: &str, name: &str) -> Option<u32> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then_some(())?;
+        f.next()?;
+        f.next()?.trim().parse().ok()
+    })
+}
+
+fn read(root: &Path, file: &str) -> Result<String, String> {
+    let p = root.join(file);
+    std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+}
+
+fn resolve_part(part: &str, what: &str, root: &Path, file: &str) -> Result<u32, String> {
+    if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+        return part
+            .parse()
+            .map_err(|_| format!("{what} id {part} is out of range"));
+    }
+    let text = read(root, file)?;
+    lookup(&text, part).ok_or_else(|| {
+        format!(
+            "{what} {part:?} does not exist on this host ({}); create it first or use a numeric id",
+            root.join(file).display()
+        )
+    })
+}
+
+/// Resolves an owner spec under `root`.
+///
+/// # Errors
+/// A message naming the unknown user or group, or the unreadable file.
+pub(crate) fn resolve(spec: &str, root: &Path) -> Result<Owner, String> {
+    let trimmed = spec.trim();
+    let (user, group) = match trimmed.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (trimmed, None),
+    };
+    if user.is_empty() || group.is_some_and(str::is_empty) {
+        return Err(format!(
+            "owner {spec:?} is not \"user:group\" or \"user\" (names or numeric ids)"
+        ));
+    }
+    let uid = resolve_part(user, "user", root, "etc/passwd")?;
+    let gid = group
+        .map(|g| resolve_part(g, "group", root, "etc/group"))
+        .transpose()?;
+    Ok(Owner {
+        spec: trimmed.to_string(),
+        uid,
+        gid,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("etc")).unwrap();
+        std::fs::write(
+            d.path().join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/bash\nops:x:1001:1002::/home/ops:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("etc/group"),
+            "root:x:0:\nops:x:1002:\nkube:x:1500:ops\n",
+        )
+        .unwrap();
+        d
+    }
+
+    #[test]
+    fn names_and_ids() {
+        let r = root();
+        let o = |s: &str| resolve(s, r.path());
+        assert_eq!(
+            o("root:root").unwrap(),
+            Owner {
+                spec: "root:root".into(),
+                uid: 0,
+                gid: Some(0)
+            }
+        );
+        assert_eq!(o("ops:kube").unwrap().uid, 1001);
+        assert_eq!(o("ops:kube").unwrap().gid, Some(1500));
+        assert_eq!(o("ops").unwrap().gid, None);
+        assert_eq!(
+            o("4242:4343").unwrap(),
+            Owner {
+                spec: "4242:4343".into(),
+                uid: 4242,
+                gid: Some(4343)
+            }
+        );
+        assert_eq!(o("ops:0").unwrap().gid, Some(0));
+    }
+
+    #[test]
+    fn errors_name_what_is_missing() {
+        let r = root();
+        let e = resolve("nobody:root", r.path()).unwrap_err();
+        assert!(e.contains("user \"nobody\" does not exist"), "{e}");
+        let e = resolve("root:wheel", r.path()).unwrap_err();
+        assert!(e.contains("group \"wheel\" does not exist"), "{e}");
+        for bad in ["", ":root", "root:", " : "] {
+            assert!(resolve(bad, r.path()).is_err(), "{bad:?}");
+        }
+        let empty = tempfile::tempdir().unwrap();
+        assert!(
+            resolve("root", empty.path())
+                .unwrap_err()
+                .contains("cannot read")
+        );
+        assert!(resolve("0:0", empty.path()).is_ok());
+    }
+}
