@@ -1,0 +1,122 @@
+//! [`UnitManager`] over the system bus (`org.freedesktop.systemd1`, typed proxies from
+//! zbus_systemd). Jobs are awaited through the manager's `JobRemoved` signal, subscribed to
+//! before the job is queued so no result is missed (see org.freedesktop.systemd1(5)).
+
+use super::{JOB_TIMEOUT, SystemdError, UnitManager, UnitState};
+use futures::{Stream, StreamExt};
+use zbus_systemd::systemd1::{ManagerProxy, UnitProxy};
+use zbus_systemd::zbus;
+
+/// A connection to the service manager.
+#[derive(Clone)]
+pub struct SystemdManager {
+    conn: zbus::Connection,
+    manager: ManagerProxy<'static>,
+}
+
+fn bus(call: &'static str, unit: &str) -> impl FnOnce(zbus::Error) -> SystemdError {
+    let unit = unit.to_string();
+    move |e| SystemdError::Bus { call, unit, message: e.to_string() }
+}
+
+impl SystemdManager {
+    /// Connects to the system bus and subscribes to the manager's signals.
+    ///
+    /// # Errors
+    /// [`SystemdError::Bus`] if the system bus is not reachable (is dbus running?).
+    pub async fn connect() -> Result<Self, SystemdError> {
+        let conn = zbus::Connection::system().await.map_err(bus("connect to the system bus", "-"))?;
+        let manager = ManagerProxy::new(&conn).await.map_err(bus("Manager", "-"))?;
+        manager.subscribe().await.map_err(bus("Subscribe", "-"))?;
+        Ok(SystemdManager { conn, manager })
+    }
+
+    async fn unit_proxy(&self, unit: &str) -> Result<UnitProxy<'static>, SystemdError> {
+        let path = self.manager.load_unit(unit.to_string()).await.map_err(bus("LoadUnit", unit))?;
+        UnitProxy::builder(&self.conn)
+            .path(path)
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(bus("Unit", unit))
+    }
+
+    async fn run_job<F>(&self, job: &'static str, unit: &str, queue: F) -> Result<(), SystemdError>
+    where
+        F: std::future::Future<Output = zbus::Result<zbus::OwnedObjectPath>>,
+    {
+        let mut removed = self.manager.receive_job_removed().await.map_err(bus("JobRemoved", unit))?;
+        let path = queue.await.map_err(bus(job, unit))?;
+        let wait = async {
+            while let Some(signal) = removed.next().await {
+                let Ok(args) = signal.args() else { continue };
+                if *args.job == *path {
+                    return Some(args.result.to_string());
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(JOB_TIMEOUT, wait).await {
+            Ok(Some(result)) if result == "done" => Ok(()),
+            Ok(Some(result)) => Err(SystemdError::JobFailed { job, unit: unit.into(), result }),
+            Ok(None) => Err(SystemdError::Bus { call: "JobRemoved", unit: unit.into(), message: "signal stream ended".into() }),
+            Err(_) => Err(SystemdError::JobTimedOut { job, unit: unit.into(), timeout: JOB_TIMEOUT }),
+        }
+    }
+
+    /// A stream that yields the unit's state now and after every change of its `ActiveState`
+    /// or `SubState` (PropertiesChanged signals), for reporting conditions.
+    ///
+    /// # Errors
+    /// [`SystemdError::Bus`] if the unit cannot be loaded or watched.
+    pub async fn watch(&self, unit: &str) -> Result<impl Stream<Item = UnitState> + Send + 'static, SystemdError> {
+        let proxy = self.unit_proxy(unit).await?;
+        let active = proxy.receive_active_state_changed().await.map(|_| ());
+        let sub = proxy.receive_sub_state_changed().await.map(|_| ());
+        let changes = futures::stream::select(active, sub);
+        let first = futures::stream::once(async {});
+        Ok(first.chain(changes).then(move |()| {
+            let proxy = proxy.clone();
+            async move { read_state(&proxy).await.unwrap_or_else(|_| UnitState { load_state: "unknown".into(), active_state: "unknown".into(), sub_state: "unknown".into() }) }
+        }))
+    }
+}
+
+async fn read_state(proxy: &UnitProxy<'_>) -> zbus::Result<UnitState> {
+    Ok(UnitState { load_state: proxy.load_state().await?, active_state: proxy.active_state().await?, sub_state: proxy.sub_state().await? })
+}
+
+impl UnitManager for SystemdManager {
+    async fn daemon_reload(&self) -> Result<(), SystemdError> {
+        self.manager.reload().await.map_err(bus("Reload", "-"))
+    }
+
+    async fn enable(&self, units: &[&str]) -> Result<(), SystemdError> {
+        let names: Vec<String> = units.iter().map(|u| u.to_string()).collect();
+        self.manager.enable_unit_files(names.clone(), false, true).await.map_err(bus("EnableUnitFiles", &names.join(" ")))?;
+        Ok(())
+    }
+
+    async fn disable(&self, units: &[&str]) -> Result<(), SystemdError> {
+        let names: Vec<String> = units.iter().map(|u| u.to_string()).collect();
+        self.manager.disable_unit_files(names.clone(), false).await.map_err(bus("DisableUnitFiles", &names.join(" ")))?;
+        Ok(())
+    }
+
+    async fn start(&self, unit: &str) -> Result<(), SystemdError> {
+        self.run_job("start", unit, self.manager.start_unit(unit.into(), "replace".into())).await
+    }
+
+    async fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+        self.run_job("stop", unit, self.manager.stop_unit(unit.into(), "replace".into())).await
+    }
+
+    async fn restart(&self, unit: &str) -> Result<(), SystemdError> {
+        self.run_job("restart", unit, self.manager.restart_unit(unit.into(), "replace".into())).await
+    }
+
+    async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
+        let proxy = self.unit_proxy(unit).await?;
+        read_state(&proxy).await.map_err(bus("Get unit properties", unit))
+    }
+}
