@@ -1,6 +1,21 @@
-//! Generation of the provider's manifests from the Rust types.
+//! Generation of the provider's manifests from the Rust types: CRDs, RBAC, admission policies,
+//! the clusterctl `infrastructure-components.yaml` and `metadata.yaml`, and the cluster templates
+//! (hand-written YAML under `controller/templates/`, copied so that `make verify` covers them).
 
+use crate::{admission, hostaccess};
+use byoh_api::labels;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, ServiceAccount, Toleration,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Header written at the top of every generated file.
@@ -16,6 +31,14 @@ pub enum ManifestError {
         what: String,
         /// The serialiser's error.
         source: serde_yaml_ng::Error,
+    },
+    /// A generated object could not be converted to JSON.
+    #[error("converting {what} to JSON: {source}")]
+    Json {
+        /// The object being converted.
+        what: String,
+        /// The serialiser's error.
+        source: serde_json::Error,
     },
     /// A file or directory could not be written.
     #[error("writing {}: {source}", path.display())]
@@ -62,13 +85,577 @@ pub fn write_crds(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
         .collect()
 }
 
-/// Writes every generated manifest into `dir`: the CRDs into `dir/crd/`. Returns the written
-/// paths.
+/// Namespace of the provider's components (the only Namespace in the components YAML;
+/// clusterctl may rename it with `--target-namespace`).
+pub const NAMESPACE: &str = "byoh-system";
+/// ServiceAccount of the controller.
+pub const SERVICE_ACCOUNT: &str = "byoh-controller-manager";
+/// Name of the controller's ClusterRole and ClusterRoleBinding.
+pub const MANAGER_ROLE: &str = "byoh-manager";
+/// Name of the ClusterRole aggregated into CAPI's manager role.
+pub const AGGREGATE_ROLE: &str = "byoh-aggregate-to-capi-manager";
+/// Name of the Deployment.
+pub const DEPLOYMENT: &str = "byoh-controller-manager";
+/// Port of `/metrics`, `/healthz` and `/readyz`.
+pub const METRICS_PORT: i32 = 8080;
+/// Default controller image (`${BYOH_CONTROLLER_IMAGE}` overrides it).
+pub const DEFAULT_IMAGE: &str = concat!(
+    "ghcr.io/byoh-rs/byoh-controller:v",
+    env!("CARGO_PKG_VERSION")
+);
+
+/// The clusterctl variables of `infrastructure-components.yaml`, with their defaults and
+/// meaning. `${VAR:=default}` in the file; listed in the file's header comment too.
+pub const COMPONENT_VARIABLES: &[(&str, &str, &str)] = &[
+    (
+        "BYOH_CONTROLLER_IMAGE",
+        DEFAULT_IMAGE,
+        "controller image (a mirror, or a digest pin)",
+    ),
+    (
+        "BYOH_WATCH_NAMESPACE",
+        "",
+        "watch only this namespace (empty: all namespaces)",
+    ),
+    (
+        "BYOH_LOG_LEVEL",
+        "info",
+        "log filter of the controller (RUST_LOG syntax)",
+    ),
+];
+
+/// Cluster-template variables (`templates/cluster-template*.yaml`).
+pub const TEMPLATE_VARIABLES: &[&str] = &[
+    "CLUSTER_NAME",
+    "NAMESPACE",
+    "KUBERNETES_VERSION",
+    "CONTROL_PLANE_MACHINE_COUNT",
+    "WORKER_MACHINE_COUNT",
+    "CONTROL_PLANE_ENDPOINT_IP",
+];
+
+/// `templates/cluster-template.yaml` (hand-written; variables in its header).
+pub const CLUSTER_TEMPLATE: &str = include_str!("../templates/cluster-template.yaml");
+/// `templates/cluster-template-topology.yaml` (ClusterClass flavour).
+pub const CLUSTER_TEMPLATE_TOPOLOGY: &str =
+    include_str!("../templates/cluster-template-topology.yaml");
+/// `templates/clusterclass-byoh-quickstart.yaml` (the ClusterClass and its templates).
+pub const CLUSTERCLASS_QUICKSTART: &str =
+    include_str!("../templates/clusterclass-byoh-quickstart.yaml");
+
+/// `metadata.yaml` for clusterctl: release series 0.1 implements contract v1beta2.
+pub const METADATA: &str = "apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3\nkind: Metadata\nreleaseSeries:\n- major: 0\n  minor: 1\n  contract: v1beta2\n";
+
+fn provider_labels() -> BTreeMap<String, String> {
+    [(
+        labels::PROVIDER.to_string(),
+        labels::PROVIDER_NAME.to_string(),
+    )]
+    .into()
+}
+
+fn cluster_meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        labels: Some(provider_labels()),
+        ..Default::default()
+    }
+}
+
+fn ns_meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        namespace: Some(NAMESPACE.into()),
+        ..cluster_meta(name)
+    }
+}
+
+/// Our kinds' plural names.
+const OUR_RESOURCES: &[&str] = &[
+    "bootstrapkubeconfigs",
+    "byoclusters",
+    "byoclustertemplates",
+    "byohosts",
+    "byomachines",
+    "byomachinetemplates",
+    "k8sinstallerconfigs",
+    "k8sinstallerconfigtemplates",
+];
+
+fn our(suffix: &str) -> Vec<String> {
+    OUR_RESOURCES
+        .iter()
+        .map(|r| format!("{r}{suffix}"))
+        .collect()
+}
+
+fn rule_owned(
+    groups: &[&str],
+    resources: Vec<String>,
+    verbs: &[&str],
+    names: &[&str],
+) -> PolicyRule {
+    let mut r = hostaccess::rule(groups, &[], verbs, names);
+    r.resources = Some(resources);
+    r
+}
+
+/// The controller's ClusterRole: exactly what the reconcilers need (each rule says why).
+pub fn manager_cluster_role() -> ClusterRole {
+    let g = byoh_api::GROUP;
+    let rule = hostaccess::rule;
+    ClusterRole {
+        metadata: cluster_meta(MANAGER_ROLE),
+        rules: Some(vec![
+            // Our kinds: reconciled (ByoCluster, ByoMachine, BootstrapKubeconfig,
+            // K8sInstallerConfig), claimed (ByoHost), cloned (templates).
+            rule_owned(
+                &[g],
+                our(""),
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+                &[],
+            ),
+            rule_owned(&[g], our("/status"), &["get", "update", "patch"], &[]),
+            rule_owned(&[g], our("/finalizers"), &["update"], &[]),
+            // CAPI core objects: read only (owner Cluster and Machine, bootstrap data name).
+            rule(
+                &["cluster.x-k8s.io"],
+                &["clusters", "machines"],
+                &["get", "list", "watch"],
+                &[],
+            ),
+            // Secrets, write-only except `get`: bootstrap token Secrets in kube-system and
+            // bootstrap kubeconfig Secrets (create/patch by server-side apply, delete with the
+            // BootstrapKubeconfig). `get` is held only because RBAC lets the controller grant a
+            // host `get` on its bootstrap data Secret only if it holds that permission itself
+            // (escalation prevention); no list/watch, so it cannot enumerate Secrets.
+            rule(
+                &[""],
+                &["secrets"],
+                &["get", "create", "update", "patch", "delete"],
+                &[],
+            ),
+            // Events about our objects and the CSRs it refuses.
+            rule(
+                &["", "events.k8s.io"],
+                &["events"],
+                &["create", "patch"],
+                &[],
+            ),
+            // CSR approval of host certificates (see csr.rs), for this one signer only.
+            rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests"],
+                &["get", "list", "watch"],
+                &[],
+            ),
+            rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests/approval"],
+                &["update"],
+                &[],
+            ),
+            rule(
+                &["certificates.k8s.io"],
+                &["signers"],
+                &["approve"],
+                &[crate::csr::SIGNER],
+            ),
+            // Per-host Roles and RoleBindings (hostaccess.rs). No `escalate`/`bind`: the
+            // controller holds every permission it grants (above and below), which RBAC
+            // requires, instead of the power to grant anything.
+            rule(
+                &["rbac.authorization.k8s.io"],
+                &["roles", "rolebindings"],
+                &["create", "update", "patch"],
+                &[],
+            ),
+            // Leases: leader election (create/update its own), host liveness (read every
+            // host's), and update/patch because host Roles grant them on each host's Lease.
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "list", "watch", "create", "update", "patch"],
+                &[],
+            ),
+        ]),
+        aggregation_rule: None,
+    }
+}
+
+/// ClusterRole aggregated into CAPI's manager (`cluster.x-k8s.io/aggregate-to-manager: "true"`):
+/// CAPI's controllers clone our templates and read and delete our objects.
+pub fn aggregate_cluster_role() -> ClusterRole {
+    let mut meta = cluster_meta(AGGREGATE_ROLE);
+    meta.labels.get_or_insert_default().insert(
+        "cluster.x-k8s.io/aggregate-to-manager".into(),
+        "true".into(),
+    );
+    ClusterRole {
+        metadata: meta,
+        rules: Some(vec![rule_owned(
+            &[byoh_api::GROUP],
+            our(""),
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+            &[],
+        )]),
+        aggregation_rule: None,
+    }
+}
+
+/// ClusterRoleBinding of [`manager_cluster_role`] to the controller's ServiceAccount.
+pub fn manager_binding() -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: cluster_meta(MANAGER_ROLE),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: MANAGER_ROLE.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: SERVICE_ACCOUNT.into(),
+            namespace: Some(NAMESPACE.into()),
+            api_group: None,
+        }]),
+    }
+}
+
+/// The provider Namespace.
+pub fn namespace() -> Namespace {
+    Namespace {
+        metadata: cluster_meta(NAMESPACE),
+        ..Default::default()
+    }
+}
+
+/// The controller's ServiceAccount.
+pub fn service_account() -> ServiceAccount {
+    ServiceAccount {
+        metadata: ns_meta(SERVICE_ACCOUNT),
+        ..Default::default()
+    }
+}
+
+/// The controller Deployment: container `manager`, non-root, read-only root filesystem, probes
+/// on `/healthz` and `/readyz`, `${VAR:=default}` placeholders for clusterctl.
+pub fn deployment() -> Deployment {
+    let selector: BTreeMap<String, String> =
+        [("control-plane".to_string(), DEPLOYMENT.to_string())].into();
+    let mut pod_labels = selector.clone();
+    pod_labels.extend(provider_labels());
+    let probe = |path: &str, delay: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(delay),
+        period_seconds: Some(10),
+        ..Default::default()
+    };
+    let quantity = |s: &str| Quantity(s.into());
+    let container = Container {
+        name: "manager".into(),
+        image: Some(format!("${{BYOH_CONTROLLER_IMAGE:={DEFAULT_IMAGE}}}")),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["/byoh-controller".into()]),
+        args: Some(vec![
+            "run".into(),
+            "--namespace=${BYOH_WATCH_NAMESPACE:=}".into(),
+            "--leader-elect".into(),
+            format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
+        ]),
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAMESPACE".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.namespace".into(),
+                        api_version: None,
+                    }),
+                    ..Default::default()
+                }),
+                value: None,
+            },
+            EnvVar {
+                name: "RUST_LOG".into(),
+                value: Some("${BYOH_LOG_LEVEL:=info}".into()),
+                value_from: None,
+            },
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: METRICS_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(probe("/healthz", 15)),
+        readiness_probe: Some(probe("/readyz", 5)),
+        resources: Some(ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_string(), quantity("10m")),
+                    ("memory".to_string(), quantity("64Mi")),
+                ]
+                .into(),
+            ),
+            limits: Some(
+                [
+                    ("cpu".to_string(), quantity("500m")),
+                    ("memory".to_string(), quantity("256Mi")),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            ..Default::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: ns_meta(DEPLOYMENT),
+        spec: Some(DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    service_account_name: Some(SERVICE_ACCOUNT.into()),
+                    termination_grace_period_seconds: Some(10),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
+                        ..Default::default()
+                    }),
+                    tolerations: Some(vec![Toleration {
+                        key: Some("node-role.kubernetes.io/control-plane".into()),
+                        effect: Some("NoSchedule".into()),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// One object as a YAML document (with `apiVersion` and `kind`).
+fn doc<K: kube::Resource<DynamicType = ()> + serde::Serialize>(
+    obj: &K,
+) -> Result<String, ManifestError> {
+    let what = format!(
+        "{} {}",
+        K::kind(&()),
+        obj.meta().name.as_deref().unwrap_or_default()
+    );
+    let mut value = serde_json::to_value(obj).map_err(|e| ManifestError::Json {
+        what: what.clone(),
+        source: e,
+    })?;
+    value["apiVersion"] = K::api_version(&()).into();
+    value["kind"] = K::kind(&()).into();
+    // apiVersion and kind first, as humans expect them.
+    let mut ordered = serde_json::Map::new();
+    for key in ["apiVersion", "kind"] {
+        if let Some(v) = value.get(key) {
+            ordered.insert(key.into(), v.clone());
+        }
+    }
+    if let serde_json::Value::Object(map) = value {
+        for (k, v) in map {
+            if k != "apiVersion" && k != "kind" {
+                ordered.insert(k, v);
+            }
+        }
+    }
+    serde_yaml_ng::to_string(&ordered).map_err(|source| ManifestError::Serialise { what, source })
+}
+
+fn docs(parts: &[String]) -> String {
+    parts.join("---\n")
+}
+
+/// The RBAC files (`rbac/*.yaml`): name → multi-document YAML.
+pub fn rbac_files() -> Result<Vec<(String, String)>, ManifestError> {
+    Ok(vec![
+        ("service_account.yaml".into(), doc(&service_account())?),
+        (
+            "manager_role.yaml".into(),
+            docs(&[doc(&manager_cluster_role())?, doc(&manager_binding())?]),
+        ),
+        (
+            "aggregate_to_capi_manager.yaml".into(),
+            doc(&aggregate_cluster_role())?,
+        ),
+        (
+            "host_role.yaml".into(),
+            docs(&[
+                doc(&hostaccess::hosts_cluster_role())?,
+                doc(&hostaccess::group_binding(
+                    hostaccess::HOSTS_CLUSTER_ROLE,
+                    hostaccess::HOSTS_GROUP,
+                ))?,
+            ]),
+        ),
+        (
+            "bootstrapper_role.yaml".into(),
+            docs(&[
+                doc(&hostaccess::bootstrappers_cluster_role())?,
+                doc(&hostaccess::group_binding(
+                    hostaccess::BOOTSTRAPPERS_CLUSTER_ROLE,
+                    hostaccess::BOOTSTRAPPERS_GROUP,
+                ))?,
+            ]),
+        ),
+    ])
+}
+
+/// The admission files (`admission/<policy>.yaml`, policy + binding each).
+pub fn admission_files() -> Result<Vec<(String, String)>, ManifestError> {
+    admission::policies()
+        .iter()
+        .map(|p| {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            Ok((
+                format!("{name}.yaml"),
+                docs(&[doc(p)?, doc(&admission::binding(p))?]),
+            ))
+        })
+        .collect()
+}
+
+fn components_header() -> String {
+    let mut h = String::from(
+        "# BYOH infrastructure provider components for clusterctl (clusterctl init --infrastructure byoh)\n# or `kubectl apply` after substituting the variables. Variables (${VAR:=default}):\n",
+    );
+    for (name, default, what) in COMPONENT_VARIABLES {
+        h.push_str(&format!("#   {name} (default {default:?}): {what}\n"));
+    }
+    h
+}
+
+/// `infrastructure-components.yaml`: the Namespace, CRDs, ServiceAccount, RBAC, admission
+/// policies and bindings, and the Deployment, every object labelled
+/// `cluster.x-k8s.io/provider: infrastructure-byoh`.
+///
+/// # Errors
+/// [`ManifestError::Serialise`] if an object cannot be serialised.
+pub fn infrastructure_components() -> Result<String, ManifestError> {
+    let mut parts = vec![doc(&namespace())?];
+    for crd in byoh_api::crds::all() {
+        parts.push(doc(&crd)?);
+    }
+    parts.push(doc(&service_account())?);
+    for cr in [
+        manager_cluster_role(),
+        aggregate_cluster_role(),
+        hostaccess::hosts_cluster_role(),
+        hostaccess::bootstrappers_cluster_role(),
+    ] {
+        parts.push(doc(&cr)?);
+    }
+    parts.push(doc(&manager_binding())?);
+    parts.push(doc(&hostaccess::group_binding(
+        hostaccess::HOSTS_CLUSTER_ROLE,
+        hostaccess::HOSTS_GROUP,
+    ))?);
+    parts.push(doc(&hostaccess::group_binding(
+        hostaccess::BOOTSTRAPPERS_CLUSTER_ROLE,
+        hostaccess::BOOTSTRAPPERS_GROUP,
+    ))?);
+    for p in admission::policies() {
+        parts.push(doc(&p)?);
+    }
+    for p in admission::policies() {
+        parts.push(doc(&admission::binding(&p))?);
+    }
+    parts.push(doc(&deployment())?);
+    Ok(format!(
+        "{}{}{}",
+        GENERATED_HEADER,
+        components_header(),
+        docs(&parts)
+    ))
+}
+
+fn write(path: PathBuf, text: &str) -> Result<PathBuf, ManifestError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|source| ManifestError::Write {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    std::fs::write(&path, text).map_err(|source| ManifestError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+/// Writes every generated manifest into `dir`: the CRDs into `dir/crd/`, RBAC into
+/// `dir/rbac/`, admission policies into `dir/admission/`, `dir/infrastructure-components.yaml`,
+/// `dir/metadata.yaml` and `dir/templates/` (cluster templates and the ClusterClass). Returns the
+/// written paths.
 ///
 /// # Errors
 /// [`ManifestError`] if something cannot be serialised or written.
 pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
-    write_crds(&dir.join("crd"))
+    let mut written = write_crds(&dir.join("crd"))?;
+    for (name, text) in rbac_files()? {
+        written.push(write(
+            dir.join("rbac").join(name),
+            &format!("{GENERATED_HEADER}{text}"),
+        )?);
+    }
+    for (name, text) in admission_files()? {
+        written.push(write(
+            dir.join("admission").join(name),
+            &format!("{GENERATED_HEADER}{text}"),
+        )?);
+    }
+    written.push(write(
+        dir.join("infrastructure-components.yaml"),
+        &infrastructure_components()?,
+    )?);
+    written.push(write(
+        dir.join("metadata.yaml"),
+        &format!("{GENERATED_HEADER}{METADATA}"),
+    )?);
+    for (name, text) in [
+        ("cluster-template.yaml", CLUSTER_TEMPLATE),
+        ("cluster-template-topology.yaml", CLUSTER_TEMPLATE_TOPOLOGY),
+        ("clusterclass-byoh-quickstart.yaml", CLUSTERCLASS_QUICKSTART),
+    ] {
+        written.push(write(dir.join("templates").join(name), text)?);
+    }
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -86,5 +673,101 @@ mod tests {
             let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text).unwrap();
             assert_eq!(crd.spec.group, byoh_api::GROUP);
         }
+    }
+
+    fn objects(text: &str) -> Vec<serde_json::Value> {
+        serde_yaml_ng::Deserializer::from_str(text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .filter(|v: &serde_json::Value| !v.is_null())
+            .collect()
+    }
+
+    #[test]
+    fn components_follow_the_clusterctl_contract() {
+        let objs = objects(&infrastructure_components().unwrap());
+        let namespaces: Vec<_> = objs.iter().filter(|o| o["kind"] == "Namespace").collect();
+        assert_eq!(namespaces.len(), 1);
+        assert_eq!(namespaces[0]["metadata"]["name"], NAMESPACE);
+        for o in &objs {
+            assert_eq!(
+                o["metadata"]["labels"][labels::PROVIDER],
+                labels::PROVIDER_NAME,
+                "{} {}",
+                o["kind"],
+                o["metadata"]["name"]
+            );
+            if let Some(ns) = o["metadata"]["namespace"].as_str() {
+                assert_eq!(ns, NAMESPACE);
+            }
+        }
+        let deployment = objs.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["name"], "manager");
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(args.contains(&"--namespace=${BYOH_WATCH_NAMESPACE:=}"));
+        assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(
+            objs.iter()
+                .filter(|o| o["kind"] == "CustomResourceDefinition")
+                .count(),
+            8
+        );
+    }
+
+    #[test]
+    fn manager_role_cannot_list_secrets_or_escalate() {
+        for r in manager_cluster_role().rules.unwrap() {
+            let resources = r.resources.unwrap_or_default();
+            assert!(
+                !r.verbs
+                    .iter()
+                    .any(|v| v == "*" || v == "escalate" || v == "bind")
+            );
+            if resources.iter().any(|x| x == "secrets") {
+                assert!(!r.verbs.iter().any(|v| v == "list" || v == "watch"));
+            }
+        }
+    }
+
+    #[test]
+    fn templates_use_the_contract_variables_and_no_provider_id() {
+        for var in TEMPLATE_VARIABLES {
+            assert!(CLUSTER_TEMPLATE.contains(&format!("${{{var}}}")), "{var}");
+        }
+        for t in [
+            CLUSTER_TEMPLATE,
+            CLUSTER_TEMPLATE_TOPOLOGY,
+            CLUSTERCLASS_QUICKSTART,
+        ] {
+            assert!(!t.contains("name: provider-id") && !t.contains("provider-id:"));
+            assert_eq!(objects(t).len(), t.matches("\nkind: ").count());
+        }
+    }
+
+    #[test]
+    fn write_all_writes_every_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_all(dir.path()).unwrap();
+        for f in [
+            "infrastructure-components.yaml",
+            "metadata.yaml",
+            "templates/cluster-template.yaml",
+            "templates/cluster-template-topology.yaml",
+            "templates/clusterclass-byoh-quickstart.yaml",
+            "rbac/manager_role.yaml",
+            "admission/byoh-host-restriction.yaml",
+        ] {
+            assert!(written.contains(&dir.path().join(f)), "{f}");
+        }
+        let meta: serde_json::Value = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(dir.path().join("metadata.yaml")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(meta["releaseSeries"][0]["contract"], "v1beta2");
     }
 }
