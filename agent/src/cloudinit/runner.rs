@@ -63,7 +63,9 @@ pub fn stderr_tail(stderr: &[u8]) -> String {
 }
 
 /// Runs one `runcmd` entry: the string form with `/bin/sh -c`, the list form exec'd as argv
-/// (the program looked up in `PATH`), standard input from /dev/null, working directory `/`.
+/// (the program looked up in `PATH`), standard input from /dev/null, working directory `/`,
+/// the agent's environment without its systemd variables (`NOTIFY_SOCKET`, `WATCHDOG_*`,
+/// `JOURNAL_STREAM`, `LISTEN_*`).
 pub trait CommandRunner {
     /// Runs `command`, killing it (and its process group) after `timeout`.
     ///
@@ -136,6 +138,19 @@ impl CommandRunner for TokioRunner {
                 c
             }
         };
+        // The agent's systemd hand-offs are not the command's: a child must not send
+        // sd_notify messages for the agent's unit nor log as if its output were the journal.
+        for var in [
+            "NOTIFY_SOCKET",
+            "WATCHDOG_PID",
+            "WATCHDOG_USEC",
+            "JOURNAL_STREAM",
+            "LISTEN_PID",
+            "LISTEN_FDS",
+            "LISTEN_FDNAMES",
+        ] {
+            cmd.env_remove(var);
+        }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
