@@ -1,0 +1,231 @@
+//! Shared by the `security_*` and `manifests_*` tests: installing the generated
+//! `infrastructure-components.yaml` (with clusterctl-like `${VAR:=default}` substitution), and
+//! clients acting as the controller's ServiceAccount, a host, or a bootstrap token.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use anyhow::Context as _;
+use byoh_tests::control_plane;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Client, Config};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// User name of the controller's ServiceAccount as installed by the components.
+pub const CONTROLLER_SA: &str = "system:serviceaccount:byoh-system:byoh-controller-manager";
+
+/// `controller/config/<rel>`.
+pub fn config_file(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../controller/config")
+        .join(rel)
+}
+
+/// clusterctl-like variable substitution: `${VAR}`, `${VAR:=default}`, `${VAR=default}`,
+/// `${VAR:-default}`; values from `vars`, else the default; a variable without value or
+/// default is an error (clusterctl refuses those too).
+pub fn envsubst(text: &str, vars: &BTreeMap<&str, &str>) -> anyhow::Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').context("unterminated ${")?;
+        let expr = &after[..end];
+        let (name, default) = match expr.find([':', '=']) {
+            Some(i) => {
+                let op_len = if expr[i..].starts_with(":=") || expr[i..].starts_with(":-") {
+                    2
+                } else {
+                    1
+                };
+                (&expr[..i], Some(&expr[i + op_len..]))
+            }
+            None => (expr, None),
+        };
+        let value = vars
+            .get(name)
+            .copied()
+            .or(default)
+            .with_context(|| format!("variable {name} has no value and no default"))?;
+        out.push_str(value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The YAML documents of `text` as JSON values (empty documents dropped).
+pub fn documents(text: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut docs = Vec::new();
+    for d in serde_yaml_ng::Deserializer::from_str(text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(d)?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// Server-side applies every document of `text` (field manager `byoh-tests`, forced), as
+/// `kubectl apply --server-side` would; `dry_run` asks the API server to validate only.
+pub async fn apply_yaml(client: &Client, text: &str, dry_run: bool) -> anyhow::Result<()> {
+    for doc in documents(text)? {
+        let api_version = doc["apiVersion"].as_str().context("apiVersion")?;
+        let kind = doc["kind"].as_str().context("kind")?;
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .context("name")?
+            .to_string();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        let (ar, caps) = pinned_kind(client, &gvk)
+            .await
+            .with_context(|| format!("discovering {api_version} {kind}"))?;
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+            Scope::Namespaced => {
+                let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default");
+                Api::namespaced_with(client.clone(), ns, &ar)
+            }
+        };
+        let mut pp = PatchParams::apply("byoh-tests").force();
+        pp.dry_run = dry_run;
+        api.patch(&name, &pp, &Patch::Apply(&doc))
+            .await
+            .with_context(|| format!("applying {kind} {name}"))?;
+    }
+    Ok(())
+}
+
+/// The generated components with every variable at its default (what `clusterctl init` does
+/// without overrides).
+pub fn components_text() -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(config_file("infrastructure-components.yaml"))?;
+    envsubst(&text, &BTreeMap::new())
+}
+
+/// Installs the generated `infrastructure-components.yaml` into the test control plane.
+/// Idempotent; every test binary calls it first. Admission policies take a moment to be
+/// enforced after they are created: tests that expect a denial poll for it.
+pub async fn install_components(client: &Client) -> anyhow::Result<()> {
+    apply_yaml(client, &components_text()?, false).await
+}
+
+/// Polls `f` every 300 ms until it yields `Some`, failing after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A client of the test control plane that impersonates `user` in `groups` (the admin
+/// kubeconfig may impersonate anyone).
+pub async fn impersonating(user: &str, groups: &[&str]) -> anyhow::Result<Client> {
+    let path = control_plane::kubeconfig_path().context("no test control plane")?;
+    let mut config = control_plane::config_from(&path).await?;
+    config.auth_info.impersonate = Some(user.into());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    Ok(Client::try_from(config)?)
+}
+
+/// A client acting as the controller's ServiceAccount (so only the generated RBAC applies).
+pub async fn controller_client() -> anyhow::Result<Client> {
+    impersonating(
+        CONTROLLER_SA,
+        &[
+            "system:serviceaccounts",
+            "system:serviceaccounts:byoh-system",
+            "system:authenticated",
+        ],
+    )
+    .await
+}
+
+/// A client acting as host `name` (user `byoh:host:<name>`, group `byoh:hosts`), as its
+/// certificate would.
+pub async fn host_client(name: &str) -> anyhow::Result<Client> {
+    impersonating(
+        &format!("byoh:host:{name}"),
+        &["byoh:hosts", "system:authenticated"],
+    )
+    .await
+}
+
+/// A client authenticating with bearer `token` (e.g. a bootstrap token) against the test
+/// control plane.
+pub async fn token_client(token: &str) -> anyhow::Result<Client> {
+    let path = control_plane::kubeconfig_path().context("no test control plane")?;
+    let mut config: Config = control_plane::config_from(&path).await?;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_string().into()),
+        ..Default::default()
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// A client with client certificate `cert_pem` and key `key_pem`.
+pub async fn cert_client(cert_pem: &[u8], key_pem: &str) -> anyhow::Result<Client> {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let path = control_plane::kubeconfig_path().context("no test control plane")?;
+    let mut kc = kube::config::Kubeconfig::read_from(&path)?;
+    for named in &mut kc.auth_infos {
+        let auth = named.auth_info.get_or_insert_default();
+        *auth = kube::config::AuthInfo {
+            client_certificate_data: Some(b64(cert_pem)),
+            client_key_data: Some(b64(key_pem.as_bytes()).into()),
+            ..Default::default()
+        };
+    }
+    let config =
+        Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// `(username, groups)` of `client`'s identity (SelfSubjectReview).
+pub async fn whoami(client: &Client) -> anyhow::Result<(String, Vec<String>)> {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    let info = review
+        .status
+        .and_then(|s| s.user_info)
+        .context("no userInfo")?;
+    Ok((
+        info.username.unwrap_or_default(),
+        info.groups.unwrap_or_default(),
+    ))
+}
+
+/// The HTTP status of a failed call (403 forbidden by RBAC, 422/403 by admission, ...), or
+/// panics with `what` when the call succeeded or failed otherwise.
+pub fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) -> kube::core::Status {
+    match r {
+        Err(kube::Error::Api(s)) => *s,
+        other => panic!("{what}: expected a refusal, got {other:?}"),
+    }
+}
+
+/// A random lower-case alphanumeric string.
+pub fn random_lower(n: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..n)
+        .map(|_| char::from(ALPHABET[rand::random_range(0..ALPHABET.len())]))
+        .collect()
+}

@@ -1,0 +1,397 @@
+//! The CSR approver on the real API server, running in-process as the controller's
+//! ServiceAccount (so the generated RBAC is what it has): forged CSRs filed by a bootstrap
+//! token, by hosts and by an admin stay pending with a Warning Event naming the broken rule;
+//! the agent-shaped CSR is approved and signed, and the certificate authenticates as the host;
+//! the host renews with its own certificate.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod security_common;
+
+use byoh_controller::csr::{self, CsrOptions};
+use byoh_tests::{agent, control_plane};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestSpec,
+};
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use security_common::*;
+use std::time::Duration;
+
+/// One CSR to file.
+#[derive(Clone)]
+struct Forge {
+    cn: String,
+    orgs: Vec<&'static str>,
+    ous: Vec<&'static str>,
+    sans: Vec<rcgen::SanType>,
+    signer: &'static str,
+    usages: Vec<&'static str>,
+    expiration: Option<i32>,
+    rsa_bits: Option<usize>,
+}
+
+fn valid(host: &str) -> Forge {
+    Forge {
+        cn: format!("byoh:host:{host}"),
+        orgs: vec!["byoh:hosts"],
+        ous: vec![],
+        sans: vec![],
+        signer: "kubernetes.io/kube-apiserver-client",
+        usages: vec!["digital signature", "client auth"],
+        expiration: Some(24 * 3600),
+        rsa_bits: None,
+    }
+}
+
+/// `(CSR PEM, key PEM)`; weak RSA keys through openssl (ring refuses to sign with them).
+fn request(f: &Forge) -> (String, String) {
+    if let Some(bits) = f.rsa_bits {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        let ok = std::process::Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&key)
+            .arg(bits.to_string())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "openssl genrsa");
+        let subject = format!("/CN={}/O={}", f.cn, f.orgs.join("/O="));
+        let out = std::process::Command::new("openssl")
+            .args(["req", "-new", "-subj", &subject, "-key"])
+            .arg(&key)
+            .output()
+            .unwrap();
+        return (
+            String::from_utf8(out.stdout).unwrap(),
+            std::fs::read_to_string(&key).unwrap(),
+        );
+    }
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::CommonName, f.cn.as_str());
+    for o in &f.orgs {
+        dn.push(rcgen::DnType::OrganizationName, *o);
+    }
+    for ou in &f.ous {
+        dn.push(rcgen::DnType::OrganizationalUnitName, *ou);
+    }
+    params.distinguished_name = dn;
+    params.subject_alt_names = f.sans.clone();
+    (
+        params.serialize_request(&key).unwrap().pem().unwrap(),
+        key.serialize_pem(),
+    )
+}
+
+/// Files `f` as `client` under the name `name`; returns the key PEM.
+async fn file(client: &Client, name: &str, f: &Forge) -> String {
+    let (pem, key) = request(f);
+    let csr = CertificateSigningRequest {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(pem.into_bytes()),
+            signer_name: f.signer.into(),
+            usages: Some(f.usages.iter().map(|s| s.to_string()).collect()),
+            expiration_seconds: f.expiration,
+            ..Default::default()
+        },
+        status: None,
+    };
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .create(&PostParams::default(), &csr)
+        .await
+        .unwrap_or_else(|e| panic!("creating CSR {name}: {e}"));
+    key
+}
+
+fn approved(csr: &CertificateSigningRequest) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Approved"))
+}
+
+async fn warning_for(admin: &Client, csr: &str) -> Option<String> {
+    let events = Api::<Event>::namespaced(admin.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    events.items.into_iter().find_map(|e| {
+        (e.regarding.as_ref()?.name.as_deref() == Some(csr)
+            && e.reason.as_deref() == Some(csr::NOT_APPROVED_REASON)
+            && e.type_.as_deref() == Some("Warning"))
+        .then(|| e.note.unwrap_or_default())
+    })
+}
+
+async fn signed(admin: &Client, name: &str) -> Vec<u8> {
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+    eventually(
+        &format!("CSR {name} approved and signed"),
+        Duration::from_secs(60),
+        || async {
+            let c = csrs.get(name).await.ok()?;
+            assert!(
+                !c.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs
+                        .iter()
+                        .any(|c| c.type_ == "Denied" || c.type_ == "Failed")),
+                "{name} denied or failed: {:?}",
+                c.status
+            );
+            c.status?.certificate.map(|b| b.0).filter(|b| !b.is_empty())
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved() {
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    manual_approval_leaves_valid_csrs_pending(&admin).await;
+    let approver = tokio::spawn(csr::run(
+        controller_client().await.unwrap(),
+        CsrOptions::default(),
+    ));
+
+    let token = agent::create_bootstrap_token(&admin, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrapper = token_client(&token).await.unwrap();
+    let run = random_lower(6);
+    let host = format!("sec-{run}");
+    let other_host = host_client(&format!("other-{run}")).await.unwrap();
+    let v = || valid(&host);
+
+    use rcgen::SanType;
+    let forged: Vec<(&str, &Client, Forge, &str)> = vec![
+        (
+            "wrong-cn",
+            &bootstrapper,
+            Forge {
+                cn: "admin".into(),
+                ..v()
+            },
+            "does not start with",
+        ),
+        (
+            "wrong-o",
+            &bootstrapper,
+            Forge {
+                orgs: vec!["kubeadm:cluster-admins"],
+                ..v()
+            },
+            "subject O",
+        ),
+        (
+            "extra-o",
+            &bootstrapper,
+            Forge {
+                orgs: vec!["byoh:hosts", "kubeadm:cluster-admins"],
+                ..v()
+            },
+            "subject O",
+        ),
+        (
+            "extra-ou",
+            &bootstrapper,
+            Forge {
+                ous: vec!["ops"],
+                ..v()
+            },
+            "OU=",
+        ),
+        (
+            "signer",
+            &bootstrapper,
+            Forge {
+                signer: "example.com/custom",
+                ..v()
+            },
+            "signer",
+        ),
+        (
+            "usages",
+            &bootstrapper,
+            Forge {
+                usages: vec!["digital signature", "client auth", "server auth"],
+                ..v()
+            },
+            "usages",
+        ),
+        (
+            "san-dns",
+            &bootstrapper,
+            Forge {
+                sans: vec![SanType::DnsName("x.example".try_into().unwrap())],
+                ..v()
+            },
+            "DNS SAN",
+        ),
+        (
+            "san-ip",
+            &bootstrapper,
+            Forge {
+                sans: vec![SanType::IpAddress("10.1.2.3".parse().unwrap())],
+                ..v()
+            },
+            "IP SAN",
+        ),
+        (
+            "san-email",
+            &bootstrapper,
+            Forge {
+                sans: vec![SanType::Rfc822Name("a@example.org".try_into().unwrap())],
+                ..v()
+            },
+            "email SAN",
+        ),
+        (
+            "san-uri",
+            &bootstrapper,
+            Forge {
+                sans: vec![SanType::URI("spiffe://x/y".try_into().unwrap())],
+                ..v()
+            },
+            "URI SAN",
+        ),
+        (
+            "not-bootstrapper",
+            &admin,
+            v(),
+            "neither a BYOH bootstrap token",
+        ),
+        ("other-host", &other_host, v(), "may renew only its own"),
+        (
+            "too-long",
+            &bootstrapper,
+            Forge {
+                expiration: Some(2 * 365 * 24 * 3600),
+                ..v()
+            },
+            "expirationSeconds is",
+        ),
+        (
+            "too-short",
+            &bootstrapper,
+            Forge {
+                expiration: Some(600),
+                ..v()
+            },
+            "expirationSeconds is",
+        ),
+        (
+            "no-lifetime",
+            &bootstrapper,
+            Forge {
+                expiration: None,
+                ..v()
+            },
+            "expirationSeconds is not set",
+        ),
+        (
+            "weak-rsa",
+            &bootstrapper,
+            Forge {
+                rsa_bits: Some(1024),
+                ..v()
+            },
+            "RSA key of 1024 bits",
+        ),
+    ];
+    assert!(forged.len() >= 12);
+    let mut names = Vec::new();
+    for (what, client, f, _) in &forged {
+        let name = format!("byoh-forged-{what}-{run}");
+        file(client, &name, f).await;
+        names.push(name);
+    }
+
+    // The valid one, filed by the bootstrap token as the agent does.
+    let valid_name = format!("byoh-{host}-{run}");
+    let key = file(&bootstrapper, &valid_name, &v()).await;
+    let cert = signed(&admin, &valid_name).await;
+    let as_host = cert_client(&cert, &key).await.unwrap();
+    let (user, groups) = whoami(&as_host).await.unwrap();
+    assert_eq!(user, format!("byoh:host:{host}"));
+    assert!(groups.iter().any(|g| g == "byoh:hosts"), "{groups:?}");
+
+    // Renewal with the host's own certificate is approved too.
+    let renewal = format!("byoh-{host}-renew-{run}");
+    file(&as_host, &renewal, &v()).await;
+    signed(&admin, &renewal).await;
+
+    // Every forged CSR got its Warning naming the broken rule, and none is approved.
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+    for ((what, _, _, expected), name) in forged.iter().zip(&names) {
+        let note = eventually(
+            &format!("a Warning Event on CSR {name} ({what})"),
+            Duration::from_secs(30),
+            || warning_for(&admin, name),
+        )
+        .await;
+        assert!(
+            note.contains(expected),
+            "{what}: {note:?} lacks {expected:?}"
+        );
+        assert!(!approved(&csrs.get(name).await.unwrap()), "{what} approved");
+    }
+
+    approver.abort();
+    for name in names.iter().chain([&valid_name, &renewal]) {
+        let _ = csrs.delete(name, &DeleteParams::default()).await;
+    }
+}
+
+/// `--manual-csr-approval`: a valid CSR gets a Normal Event telling the admin to approve it,
+/// and stays pending.
+async fn manual_approval_leaves_valid_csrs_pending(admin: &Client) {
+    let approver = tokio::spawn(csr::run(
+        controller_client().await.unwrap(),
+        CsrOptions {
+            manual: true,
+            instance: Some("manual-test".into()),
+        },
+    ));
+    let token = agent::create_bootstrap_token(admin, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrapper = token_client(&token).await.unwrap();
+    let run = random_lower(6);
+    let name = format!("byoh-manual-{run}");
+    file(&bootstrapper, &name, &valid(&format!("manual-{run}"))).await;
+    let note = eventually(
+        "the manual-approval Event",
+        Duration::from_secs(30),
+        || async {
+            let events = Api::<Event>::namespaced(admin.clone(), "default")
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+            events.items.into_iter().find_map(|e| {
+                (e.regarding.as_ref()?.name.as_deref() == Some(name.as_str())
+                    && e.reason.as_deref() == Some(csr::MANUAL_REASON))
+                .then(|| e.note.unwrap_or_default())
+            })
+        },
+    )
+    .await;
+    assert!(note.contains("kubectl certificate approve"), "{note}");
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+    assert!(!approved(&csrs.get(&name).await.unwrap()));
+    approver.abort();
+    csrs.delete(&name, &DeleteParams::default()).await.unwrap();
+}
