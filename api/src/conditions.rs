@@ -101,6 +101,13 @@ pub mod reasons {
     pub const WAITING_FOR_BOOTSTRAP: &str = "WaitingForBootstrap";
     /// ByoMachine: the claimed host is being reset.
     pub const RELEASING: &str = "Releasing";
+    /// ByoMachine: the claimed ByoHost was deleted after the host bootstrapped.
+    pub const HOST_DELETED: &str = "HostDeleted";
+    /// ByoCluster: `spec.controlPlaneEndpoint.host` is not set yet (neither on the ByoCluster
+    /// nor on the Cluster).
+    pub const WAITING_FOR_CONTROL_PLANE_ENDPOINT: &str = "WaitingForControlPlaneEndpoint";
+    /// ByoCluster: being deleted; waits for the cluster's ByoMachines to go.
+    pub const DELETING: &str = "Deleting";
     /// NeedsCleanup / release: the host's Lease expired.
     pub const HOST_OFFLINE_RELEASE: &str = "HostOfflineRelease";
     /// NeedsCleanup / release: the agent did not confirm clean-up in time.

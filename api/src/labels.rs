@@ -44,5 +44,9 @@ pub const MACHINE_NAME: &str = "byoh.infrastructure.cluster.x-k8s.io/byomachine-
 /// (annotation; the host is then marked `NeedsCleanup`).
 pub const FORCE_RELEASE: &str = "byoh.infrastructure.cluster.x-k8s.io/force-release";
 
+/// ByoHost: when the controller asked the agent to release the host (annotation, RFC 3339,
+/// written with `spec.claim.releaseRequested`); `--release-timeout` counts from it.
+pub const RELEASE_REQUESTED_AT: &str = "byoh.infrastructure.cluster.x-k8s.io/release-requested-at";
+
 /// Well-known zone label; a ByoHost's failure domain.
 pub const FAILURE_DOMAIN: &str = "topology.kubernetes.io/zone";

@@ -1,7 +1,9 @@
 //! Command line of `byoh-controller` (clap derive).
 
 use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// BYOH Cluster API infrastructure provider controller.
 #[derive(Debug, Parser)]
@@ -15,6 +17,8 @@ pub struct Cli {
 /// Subcommands of `byoh-controller`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the controller: reconcile ByoClusters and ByoMachines, claim and release ByoHosts.
+    Run(RunArgs),
     /// Print the version, git commit and build date.
     Version,
     /// Write every generated manifest (CRDs under `crd/`, and the clusterctl artifacts) into a
@@ -24,4 +28,94 @@ pub enum Command {
         #[arg(long, default_value = "controller/config")]
         dir: PathBuf,
     },
+}
+
+/// Flags of `byoh-controller run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Watch only this namespace; empty watches all namespaces (clusterctl passes `--namespace=""`).
+    #[arg(long, default_value = "", env = "BYOH_NAMESPACE")]
+    pub namespace: String,
+    /// Reconcile only objects labelled `cluster.x-k8s.io/watch-filter=<value>`; empty reconciles all.
+    #[arg(long, default_value = "")]
+    pub watch_filter: String,
+    /// How long a release waits for the agent's clean-up before the host is released anyway and
+    /// marked `needsCleanup` (humantime, e.g. `10m`, `90s`).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub release_timeout: Duration,
+    /// Address serving `/metrics`, `/healthz` and `/readyz`; empty serves nothing.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_address: String,
+    /// Elect a leader with the Lease `byoh-controller-leader` before reconciling (`--leader-elect=false` to turn off).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease; default: the Pod's namespace (`POD_NAMESPACE`, else the
+    /// service account's), else the kubeconfig's.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Never approve host CSRs automatically; they wait for `kubectl certificate approve`.
+    #[arg(long)]
+    pub manual_csr_approval: bool,
+}
+
+impl RunArgs {
+    /// The metrics address, `None` when empty.
+    ///
+    /// # Errors
+    /// The address text when it is not `IP:PORT`.
+    pub fn metrics_socket(&self) -> Result<Option<SocketAddr>, String> {
+        if self.metrics_address.is_empty() {
+            return Ok(None);
+        }
+        self.metrics_address.parse().map(Some).map_err(|e| {
+            format!(
+                "--metrics-address {:?}: {e} (expected IP:PORT)",
+                self.metrics_address
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_flags_have_the_documented_defaults() {
+        let cli = Cli::try_parse_from(["byoh-controller", "run"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.namespace, "");
+        assert_eq!(args.release_timeout, Duration::from_secs(600));
+        assert!(args.leader_elect);
+        assert_eq!(
+            args.metrics_socket().unwrap(),
+            Some("0.0.0.0:8080".parse().unwrap())
+        );
+        let cli = Cli::try_parse_from([
+            "byoh-controller",
+            "run",
+            "--leader-elect=false",
+            "--release-timeout",
+            "90s",
+            "--metrics-address",
+            "",
+            "--watch-filter",
+            "team-a",
+            "--namespace",
+            "capi",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert!(!args.leader_elect);
+        assert_eq!(args.release_timeout, Duration::from_secs(90));
+        assert_eq!(args.metrics_socket().unwrap(), None);
+        assert_eq!(
+            (args.namespace.as_str(), args.watch_filter.as_str()),
+            ("capi", "team-a")
+        );
+    }
 }

@@ -7,6 +7,7 @@ use clap::Parser;
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => run(args)?,
         Command::Version => println!("{}", byoh_controller::VERSION_TEXT),
         Command::Manifests { dir } => {
             let written =
@@ -17,4 +18,55 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `byoh-controller run`: logging, the client from the environment (in-cluster or
+/// `KUBECONFIG`), and the controller until SIGTERM or SIGINT.
+fn run(args: byoh_controller::cli::RunArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let metrics_address = args.metrics_socket().map_err(anyhow::Error::msg)?;
+    let settings = byoh_controller::run::Settings {
+        namespace: Some(args.namespace).filter(|s| !s.is_empty()),
+        watch_filter: Some(args.watch_filter).filter(|s| !s.is_empty()),
+        release_timeout: args.release_timeout,
+        metrics_address,
+        leader_elect: args.leader_elect,
+        leader_election_namespace: args.leader_election_namespace,
+        identity: None,
+        manual_csr_approval: args.manual_csr_approval,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("building the Kubernetes client (in-cluster service account or KUBECONFIG)")?;
+        byoh_controller::run::run(client, settings, shutdown_signal())
+            .await
+            .context("running the controller")
+    })
+}
+
+/// Resolves on SIGTERM (Kubernetes stopping the Pod) or SIGINT.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down: finishing the reconciles in flight");
 }

@@ -1,1 +1,306 @@
 //! Prometheus metrics and the health endpoints.
+//!
+//! `GET /metrics` (OpenMetrics text, crate `prometheus-client`), `GET /healthz` (the process
+//! serves requests), `GET /readyz` (the caches of ByoHosts, Leases and ByoMachines are filled,
+//! so reconciles see the whole pool). Served by a minimal hyper 1 HTTP/1 server; hyper is
+//! already in the dependency tree through kube, so this adds no web framework.
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::net::TcpListener;
+
+/// Labels naming a reconciler (`byocluster`, `byomachine`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    /// The reconciler.
+    pub controller: String,
+}
+
+/// Labels of a reconcile error: reconciler and error kind (the error enum's metric label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// The reconciler.
+    pub controller: String,
+    /// The error kind, e.g. `kube`, `missing_owner`.
+    pub error: String,
+}
+
+/// Labels of the host gauge: `state` is `free`, `claimed` or `needs_cleanup`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabels {
+    /// The host state.
+    pub state: String,
+}
+
+/// The controller's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// `byoh_controller_reconciles_total{controller}`.
+    pub reconciles: Family<ControllerLabels, Counter>,
+    /// `byoh_controller_reconcile_errors_total{controller, error}`.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// `byoh_controller_claim_duration_seconds`: from the first reconcile that found the
+    /// ByoMachine ready to claim (cluster provisioned, bootstrap data present) to its claim.
+    pub claim_duration: Histogram,
+    /// `byoh_controller_claim_conflicts_total`: claim updates refused with 409 Conflict.
+    pub claim_conflicts: Counter,
+    /// `byoh_controller_hosts{state}`: ByoHosts by state, from the controller's cache.
+    pub hosts: Family<HostLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric (prefix `byoh_controller`).
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("byoh_controller");
+        let reconciles = Family::<ControllerLabels, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        // 1 ms .. ~32 s.
+        let claim_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let claim_conflicts = Counter::default();
+        let hosts = Family::<HostLabels, Gauge>::default();
+        registry.register("reconciles", "Reconciles run", reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by error kind",
+            errors.clone(),
+        );
+        registry.register(
+            "claim_duration_seconds",
+            "Time from a ByoMachine being ready to claim to its host claim",
+            claim_duration.clone(),
+        );
+        registry.register(
+            "claim_conflicts",
+            "Host claim updates refused with 409 Conflict",
+            claim_conflicts.clone(),
+        );
+        registry.register("hosts", "ByoHosts by state", hosts.clone());
+        Self {
+            registry,
+            reconciles,
+            errors,
+            claim_duration,
+            claim_conflicts,
+            hosts,
+        }
+    }
+
+    /// Counts one reconcile of `controller`.
+    pub fn reconciled(&self, controller: &str) {
+        self.reconciles
+            .get_or_create(&ControllerLabels {
+                controller: controller.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one failed reconcile of `controller` with error kind `error`.
+    pub fn failed(&self, controller: &str, error: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                controller: controller.into(),
+                error: error.into(),
+            })
+            .inc();
+    }
+
+    /// Sets the host gauges.
+    pub fn set_hosts(&self, free: i64, claimed: i64, needs_cleanup: i64) {
+        for (state, n) in [
+            ("free", free),
+            ("claimed", claimed),
+            ("needs_cleanup", needs_cleanup),
+        ] {
+            self.hosts
+                .get_or_create(&HostLabels {
+                    state: state.into(),
+                })
+                .set(n);
+        }
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail (fmt::Write for String is infallible).
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Errors of the metrics server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("binding the metrics address {addr}: {source} (choose another --metrics-address)")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+/// `ready` answers `/readyz`. Returns the bound address (useful with port 0) and the server
+/// task.
+///
+/// # Errors
+/// [`ServeError::Bind`] when the address cannot be bound.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), ServeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let task = tokio::spawn(async move {
+        tokio::pin!(shutdown);
+        loop {
+            let stream = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a metrics connection");
+                        continue;
+                    }
+                },
+            };
+            let metrics = metrics.clone();
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let response = respond(req.uri().path(), &metrics, &ready);
+                        async move { Ok::<_, std::convert::Infallible>(response) }
+                    });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(error = %e, "metrics connection");
+                }
+            });
+        }
+    });
+    Ok((bound, task))
+}
+
+fn respond(path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/metrics" => (
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        ),
+        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        "/readyz" if ready.load(Ordering::Relaxed) => {
+            (StatusCode::OK, "text/plain", "ok\n".to_string())
+        }
+        "/readyz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "caches not synced\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".to_string(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, v);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_every_family() {
+        let m = Metrics::new();
+        m.reconciled("byomachine");
+        m.failed("byomachine", "kube");
+        m.claim_duration.observe(0.02);
+        m.set_hosts(3, 2, 1);
+        let text = m.encode();
+        for needle in [
+            "byoh_controller_reconciles_total{controller=\"byomachine\"} 1",
+            "byoh_controller_reconcile_errors_total{controller=\"byomachine\",error=\"kube\"} 1",
+            "byoh_controller_claim_duration_seconds_count 1",
+            "byoh_controller_hosts{state=\"free\"} 3",
+            "byoh_controller_claim_conflicts_total 0",
+        ] {
+            assert!(text.contains(needle), "{needle} missing in\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn serves_health_and_metrics() {
+        let ready = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr, task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Metrics::new()),
+            ready.clone(),
+            async move {
+                let _ = rx.await;
+            },
+        )
+        .await
+        .unwrap();
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
+        ready.store(true, Ordering::Relaxed);
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+        assert!(
+            get("/metrics")
+                .await
+                .contains("byoh_controller_claim_conflicts_total")
+        );
+        let _ = tx.send(());
+        task.await.unwrap();
+    }
+}

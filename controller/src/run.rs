@@ -1,1 +1,478 @@
 //! The controller process: leader election, the reconcilers, shutdown.
+//!
+//! [`run`] starts, in this order: the metrics/health server, leader election (a
+//! `coordination.k8s.io/v1` Lease [`LEADER_LEASE`] through `kube-lease-manager`), the shared
+//! caches (ByoHosts and Leases: host selection reads them instead of listing the pool on every
+//! reconcile), and the ByoCluster and ByoMachine controllers. It returns when `shutdown`
+//! resolves (SIGTERM in `main`): the controllers finish the reconciles in flight, and the
+//! leader Lease is released so that a successor takes over at once. Losing leadership is an
+//! error (the process exits and its Pod restarts), as in controller-runtime.
+
+use crate::metrics::Metrics;
+use byoh_api::ByoHost;
+use futures::StreamExt;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Field manager of every server-side apply and update the controller makes.
+pub const FIELD_MANAGER: &str = "byoh-controller";
+
+/// Name of the leader-election Lease (in the controller's namespace).
+pub const LEADER_LEASE: &str = "byoh-controller-leader";
+
+/// Reconciles running at once per controller.
+pub const CONCURRENCY: u16 = 32;
+
+/// How long an in-process reservation of a host (a claim in flight, or made but not yet seen
+/// in the cache) keeps other reconciles of this process away from it.
+pub const RESERVATION_TTL: Duration = Duration::from_secs(30);
+
+/// What `byoh-controller run` was asked to do.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch only this namespace; `None` watches all.
+    pub namespace: Option<String>,
+    /// Reconcile only objects labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// How long a release waits for the agent's clean-up before the claim is dropped and the
+    /// host marked `needsCleanup` (reason `ReleaseTimedOut`).
+    pub release_timeout: Duration,
+    /// Address of `/metrics`, `/healthz`, `/readyz`; `None` serves nothing.
+    pub metrics_address: Option<SocketAddr>,
+    /// Take part in leader election before reconciling.
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease; `None` uses the Pod's namespace (service account file)
+    /// or the client's default namespace.
+    pub leader_election_namespace: Option<String>,
+    /// Identity in the leader Lease (and the reporting instance of Events); `None` uses the
+    /// host name plus a random suffix.
+    pub identity: Option<String>,
+    /// Never approve host CSRs; they wait for `kubectl certificate approve`.
+    pub manual_csr_approval: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            watch_filter: None,
+            release_timeout: Duration::from_secs(600),
+            metrics_address: None,
+            leader_elect: false,
+            leader_election_namespace: None,
+            identity: None,
+            manual_csr_approval: false,
+        }
+    }
+}
+
+/// Errors of a reconcile; [`Error::metric_label`] names the kind in
+/// `byoh_controller_reconcile_errors_total`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request to the API server failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done, to which object.
+        action: String,
+        /// The client error.
+        source: kube::Error,
+    },
+    /// The finalizer helper failed (adding or removing a finalizer, or the reconcile inside).
+    #[error("finalizer of {object}: {source}")]
+    Finalizer {
+        /// The object.
+        object: String,
+        /// The error.
+        source: Box<kube::runtime::finalizer::Error<Error>>,
+    },
+    /// An object lacks something the reconcile needs (a name, a namespace, a UID).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The error kind as a metric label.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "kube",
+            Error::Finalizer { .. } => "finalizer",
+            Error::Invalid(_) => "invalid",
+        }
+    }
+
+    /// A closure wrapping a [`kube::Error`] with what was being done.
+    pub fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let action = action.into();
+        move |source| Error::Kube { action, source }
+    }
+}
+
+/// Whether a client error is `409 Conflict`.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Whether a client error is `404 Not Found`.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Shared state of the reconcilers.
+pub struct Context {
+    /// Client of the management cluster.
+    pub client: Client,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Settings of this run.
+    pub settings: Settings,
+    /// Cache of every watched ByoHost.
+    pub hosts: Store<ByoHost>,
+    /// Cache of every watched Lease (a host's Lease has the host's name and namespace).
+    pub leases: Store<Lease>,
+    /// In-process bookkeeping of claims (see [`Claims`]).
+    pub claims: Mutex<Claims>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// In-process bookkeeping of claims. The API server's optimistic concurrency is what makes
+/// claims safe; this only keeps this process's own reconciles from racing each other for the
+/// same host and bridges the time until the cache shows a claim just made.
+#[derive(Debug, Default)]
+pub struct Claims {
+    /// Hosts (`namespace/name`) with a claim in flight or just made, and since when.
+    pub reserved: HashMap<String, Instant>,
+    /// Claims this process made, by ByoMachine UID: the host as the claim update returned it.
+    pub made: HashMap<String, (Arc<ByoHost>, Instant)>,
+    /// When each ByoMachine (by UID) was first seen ready to claim (claim latency metric).
+    pub ready_since: HashMap<String, Instant>,
+}
+
+impl Claims {
+    /// Drops reservations and remembered claims older than [`RESERVATION_TTL`].
+    pub fn expire(&mut self, now: Instant) {
+        self.reserved
+            .retain(|_, t| now.duration_since(*t) < RESERVATION_TTL);
+        self.made
+            .retain(|_, (_, t)| now.duration_since(*t) < RESERVATION_TTL);
+    }
+
+    /// The reserved host keys.
+    pub fn reserved_keys(&self) -> HashSet<String> {
+        self.reserved.keys().cloned().collect()
+    }
+}
+
+impl Context {
+    /// Locks [`Context::claims`], recovering from a poisoned lock (the data stays consistent:
+    /// every update is a single map operation).
+    pub fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
+        self.claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Watcher configuration for the reconciled kinds, with the `--watch-filter` label.
+    pub fn watch_config(&self) -> watcher::Config {
+        watch_config(&self.settings)
+    }
+
+    /// Api of a namespaced kind in the watched namespace (or all namespaces).
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        match &self.settings.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+}
+
+fn watch_config(settings: &Settings) -> watcher::Config {
+    let wc = watcher::Config::default().any_semantic();
+    match &settings.watch_filter {
+        Some(v) => wc.labels(&format!("{}={v}", crate::capi::WATCH_FILTER_LABEL)),
+        None => wc,
+    }
+}
+
+/// Errors that end [`run`].
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The metrics server could not start.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::ServeError),
+    /// Leader election failed.
+    #[error("leader election with Lease {namespace}/{LEADER_LEASE}: {source}")]
+    LeaderElection {
+        /// Namespace of the Lease.
+        namespace: String,
+        /// The error.
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    /// A component (CSR approver, bootstrap kubeconfigs) stopped with an error.
+    #[error("{component} stopped: {message}")]
+    Component {
+        /// The component.
+        component: &'static str,
+        /// Its error, with context.
+        message: String,
+    },
+    /// This instance lost the leader Lease; it stops so that only the new leader reconciles.
+    #[error(
+        "lost the leader Lease {namespace}/{LEADER_LEASE}; exiting so that only the new leader reconciles"
+    )]
+    LostLeadership {
+        /// Namespace of the Lease.
+        namespace: String,
+    },
+}
+
+/// A clonable, `Sync` shutdown future.
+pub type Shutdown = Shared<BoxFuture<'static, ()>>;
+
+/// Runs the controller until `shutdown` resolves.
+///
+/// # Errors
+/// [`RunError`] when the metrics address cannot be bound, leader election fails, or leadership
+/// is lost.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let shutdown: Shutdown = shutdown.boxed().shared();
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(false));
+    let server = match settings.metrics_address {
+        Some(addr) => {
+            let (bound, task) =
+                crate::metrics::serve(addr, metrics.clone(), ready.clone(), shutdown.clone())
+                    .await?;
+            tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
+            Some(task)
+        }
+        None => None,
+    };
+
+    let identity = settings.identity.clone().unwrap_or_else(default_identity);
+    let mut leader = None;
+    if settings.leader_elect {
+        let namespace = leader_namespace(&client, &settings);
+        let identity = settings
+            .identity
+            .clone()
+            .unwrap_or_else(|| identity.clone());
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEADER_LEASE)
+            .with_namespace(&namespace)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .with_field_manager(FIELD_MANAGER)
+            .build()
+            .await
+            .map_err(|source| RunError::LeaderElection {
+                namespace: namespace.clone(),
+                source,
+            })?;
+        let (mut is_leader, task) = manager.watch().await;
+        tracing::info!(%identity, lease = %format!("{namespace}/{LEADER_LEASE}"), "waiting for leadership");
+        loop {
+            if *is_leader.borrow_and_update() {
+                break;
+            }
+            tokio::select! {
+                () = shutdown.clone() => {
+                    drop(is_leader);
+                    let _ = task.await;
+                    return Ok(());
+                }
+                changed = is_leader.changed() => if changed.is_err() {
+                    return Err(RunError::LostLeadership { namespace });
+                },
+            }
+        }
+        tracing::info!(%identity, "became leader");
+        leader = Some((is_leader, task, namespace));
+    }
+
+    let result = {
+        let controllers = run_controllers(
+            client.clone(),
+            settings,
+            identity,
+            metrics,
+            ready,
+            shutdown.clone(),
+        );
+        match &mut leader {
+            Some((is_leader, _, namespace)) => {
+                let lost = async {
+                    while is_leader.changed().await.is_ok() {
+                        if !*is_leader.borrow() {
+                            break;
+                        }
+                    }
+                };
+                tokio::select! {
+                    r = controllers => r,
+                    () = lost => Err(RunError::LostLeadership { namespace: namespace.clone() }),
+                }
+            }
+            None => controllers.await,
+        }
+    };
+    if let Some((is_leader, task, _)) = leader {
+        // Closing the channel makes the lease manager release the Lease.
+        drop(is_leader);
+        let _ = task.await;
+    }
+    if let Some(task) = server {
+        task.abort();
+    }
+    result
+}
+
+fn leader_namespace(client: &Client, settings: &Settings) -> String {
+    settings
+        .leader_election_namespace
+        .clone()
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| client.default_namespace().to_string())
+}
+
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "byoh-controller".into());
+    format!("{host}-{}", crate::byomachine::random_suffix(6))
+}
+
+async fn run_controllers(
+    client: Client,
+    settings: Settings,
+    identity: String,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    shutdown: Shutdown,
+) -> Result<(), RunError> {
+    let (hosts, hosts_writer) = reflector::store::<ByoHost>();
+    let (leases, leases_writer) = reflector::store::<Lease>();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        metrics,
+        settings,
+        hosts,
+        leases,
+        claims: Mutex::new(Claims::default()),
+    });
+
+    // The pool caches. The host stream also clears clean-up marks the agent has honoured
+    // and keeps the host gauges current.
+    let host_api: Api<ByoHost> = ctx.api();
+    let lease_api: Api<Lease> = ctx.api();
+    let host_ctx = ctx.clone();
+    let host_cache = reflector::reflector(
+        hosts_writer,
+        watcher(host_api, watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .applied_objects()
+    .for_each(move |host| {
+        match host {
+            Ok(host) => crate::byomachine::on_host_event(&host_ctx, &host),
+            Err(e) => tracing::warn!(error = %e, "ByoHost watch (retrying)"),
+        }
+        futures::future::ready(())
+    });
+    let lease_cache = reflector::reflector(
+        leases_writer,
+        watcher(lease_api, watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .for_each(|_| futures::future::ready(()));
+
+    let gauges_ctx = ctx.clone();
+    let gauges = async move {
+        loop {
+            crate::byomachine::update_host_gauges(&gauges_ctx);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    };
+
+    let ready_ctx = ctx.clone();
+    let readiness = async move {
+        let hosts = ready_ctx.hosts.wait_until_ready();
+        let leases = ready_ctx.leases.wait_until_ready();
+        if hosts.await.is_ok() && leases.await.is_ok() {
+            ready.store(true, Ordering::Relaxed);
+            tracing::info!("ByoHost and Lease caches are filled");
+        }
+    };
+
+    let byocluster = crate::byocluster::controller(ctx.clone(), shutdown.clone());
+    let byomachine = crate::byomachine::controller(ctx.clone(), shutdown.clone());
+    // The other reconcilers (their own modules; they run until dropped).
+    let csr = crate::csr::run(
+        client.clone(),
+        crate::csr::CsrOptions {
+            manual: ctx.settings.manual_csr_approval,
+            instance: Some(identity),
+        },
+    );
+    let bootstrap_kubeconfigs = crate::bootstrapkubeconfig::run(
+        client.clone(),
+        crate::bootstrapkubeconfig::BootstrapKubeconfigOptions {
+            namespace: ctx.settings.namespace.clone(),
+        },
+    );
+    // TODO(part B): per-host access (`crate::hostaccess`) joins this select once its `run`
+    // entry point is committed.
+    let component = |component: &'static str, r: anyhow::Result<()>| match r {
+        Ok(()) => Ok(()),
+        Err(e) => Err(RunError::Component {
+            component,
+            message: format!("{e:#}"),
+        }),
+    };
+
+    // The controllers end on `shutdown` after finishing the reconciles in flight; the
+    // caches and gauges never end on their own.
+    tokio::select! {
+        () = async { tokio::join!(byocluster, byomachine); } => {}
+        () = host_cache => {}
+        () = lease_cache => {}
+        () = gauges => {}
+        () = readiness.then(|()| futures::future::pending::<()>()) => {}
+        r = csr => return component("CSR approver", r),
+        r = bootstrap_kubeconfigs => return component("BootstrapKubeconfig reconciler", r),
+    }
+    tracing::info!("controllers stopped");
+    Ok(())
+}

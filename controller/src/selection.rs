@@ -1,1 +1,786 @@
 //! Host selection: which free, live, fitting ByoHost a ByoMachine gets (pure logic).
+//!
+//! [`eligibility`] says whether one host may be handed out, and why not; [`select`] ranks the
+//! eligible ones and picks one. Ranking: hosts whose
+//! `byoh.infrastructure.cluster.x-k8s.io/k8s-version` label equals the Machine's version first,
+//! then the failure domain (label `topology.kubernetes.io/zone`) with the fewest hosts already
+//! claimed by the cluster (spreading), then the name. Among the best [`PICK_AMONG`] equals the
+//! pick is random, so that reconcilers racing for hosts mostly try different ones; the claim
+//! itself is made safe by the API server's optimistic concurrency, not by this choice.
+
+use byoh_api::ByoHost;
+use byoh_api::labels;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use std::collections::{BTreeMap, HashSet};
+
+/// How many equally good hosts the random pick chooses among.
+pub const PICK_AMONG: usize = 32;
+
+/// What a ByoMachine asks of a host.
+#[derive(Clone, Debug, Default)]
+pub struct Request<'a> {
+    /// Namespace of the ByoMachine; hosts of other namespaces are never chosen.
+    pub namespace: &'a str,
+    /// `ByoMachine.spec.selector`; `None` matches every host.
+    pub selector: Option<&'a LabelSelector>,
+    /// Required architecture (value of the host label `byoh.infrastructure.cluster.x-k8s.io/arch`).
+    pub arch: Option<&'a str>,
+    /// Required OS (value of the host label `byoh.infrastructure.cluster.x-k8s.io/os`).
+    pub os: Option<&'a str>,
+    /// `Machine.spec.version`: hosts labelled with this Kubernetes version are preferred.
+    pub kubernetes_version: Option<&'a str>,
+    /// `Machine.spec.failureDomain`: when set, only hosts in this zone qualify.
+    pub failure_domain: Option<&'a str>,
+    /// Name of the cluster, for spreading over failure domains.
+    pub cluster_name: &'a str,
+}
+
+/// Why a host may not be handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rejection {
+    /// The host is in another namespace.
+    Namespace,
+    /// The host is being deleted.
+    Deleting,
+    /// The host carries a claim.
+    Claimed,
+    /// The host was released without a confirmed clean-up (`spec.needsCleanup`).
+    NeedsCleanup,
+    /// The host has no Lease.
+    NoLease,
+    /// The host's Lease expired (`renewTime + leaseDurationSeconds <= now`).
+    LeaseExpired,
+    /// The agent does not report `status.phase: Available`.
+    NotAvailable,
+    /// The host does not match `spec.selector`.
+    Selector,
+    /// The host's architecture label differs from the requirement.
+    Arch,
+    /// The host's OS label differs from the requirement.
+    Os,
+    /// The host is not in the Machine's failure domain.
+    FailureDomain,
+    /// The host is reserved by a claim in flight from this controller.
+    InFlight,
+}
+
+/// Whether a Lease is live at `now`: `renewTime + leaseDurationSeconds > now`.
+pub fn lease_live(lease: &Lease, now: Timestamp) -> bool {
+    lease_expiry(lease).is_some_and(|t| t > now)
+}
+
+/// When a Lease expires (`renewTime` or else `acquireTime`, plus `leaseDurationSeconds`);
+/// `None` if it was never renewed.
+pub fn lease_expiry(lease: &Lease) -> Option<Timestamp> {
+    let spec = lease.spec.as_ref()?;
+    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
+    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    renewed.checked_add(SignedDuration::from_secs(secs)).ok()
+}
+
+fn label<'a>(host: &'a ByoHost, key: &str) -> Option<&'a str> {
+    host.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
+/// Whether `labels` match a Kubernetes label selector (matchLabels ∧ matchExpressions with
+/// In, NotIn, Exists, DoesNotExist). An unknown operator matches nothing.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = selector
+        .match_labels
+        .as_ref()
+        .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    let exprs_ok = selector
+        .match_expressions
+        .as_ref()
+        .is_none_or(|e| e.iter().all(|r| requirement_matches(r, labels)));
+    labels_ok && exprs_ok
+}
+
+fn requirement_matches(r: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+    let value = labels.get(&r.key);
+    let values = r.values.as_deref().unwrap_or_default();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        _ => false,
+    }
+}
+
+/// Whether `host` (with its Lease, if any) may be handed to `req` at `now`; the first reason
+/// it may not otherwise.
+///
+/// # Errors
+/// The [`Rejection`] that disqualifies the host.
+pub fn eligibility(
+    host: &ByoHost,
+    lease: Option<&Lease>,
+    req: &Request<'_>,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    if host.metadata.namespace.as_deref() != Some(req.namespace) {
+        return Err(Rejection::Namespace);
+    }
+    if host.metadata.deletion_timestamp.is_some() {
+        return Err(Rejection::Deleting);
+    }
+    if host.spec.claim.is_some() {
+        return Err(Rejection::Claimed);
+    }
+    if host.spec.needs_cleanup.is_some() {
+        return Err(Rejection::NeedsCleanup);
+    }
+    let Some(lease) = lease else {
+        return Err(Rejection::NoLease);
+    };
+    if !lease_live(lease, now) {
+        return Err(Rejection::LeaseExpired);
+    }
+    let phase = host.status.as_ref().and_then(|s| s.phase.as_deref());
+    if phase != Some(byoh_api::conditions::phase::AVAILABLE) {
+        return Err(Rejection::NotAvailable);
+    }
+    if let Some(selector) = req.selector {
+        let empty = BTreeMap::new();
+        if !selector_matches(selector, host.metadata.labels.as_ref().unwrap_or(&empty)) {
+            return Err(Rejection::Selector);
+        }
+    }
+    if req
+        .arch
+        .is_some_and(|a| label(host, labels::HOST_ARCH) != Some(a))
+    {
+        return Err(Rejection::Arch);
+    }
+    if req
+        .os
+        .is_some_and(|o| label(host, labels::HOST_OS) != Some(o))
+    {
+        return Err(Rejection::Os);
+    }
+    if req
+        .failure_domain
+        .is_some_and(|fd| label(host, labels::FAILURE_DOMAIN) != Some(fd))
+    {
+        return Err(Rejection::FailureDomain);
+    }
+    Ok(())
+}
+
+/// The outcome of [`select`].
+#[derive(Debug)]
+pub struct Selection<'a> {
+    /// The chosen host, if any qualified.
+    pub chosen: Option<&'a ByoHost>,
+    /// How many hosts of the namespace were rejected, by reason (for the condition message).
+    pub rejected: BTreeMap<Rejection, usize>,
+}
+
+impl Selection<'_> {
+    /// A one-line summary of the rejections, e.g. `3 Claimed, 1 LeaseExpired`.
+    pub fn summary(&self) -> String {
+        if self.rejected.is_empty() {
+            return "no ByoHost in the namespace".into();
+        }
+        self.rejected
+            .iter()
+            .map(|(r, n)| format!("{n} {r:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Picks a host for `req` among `hosts` (any namespace; others are skipped silently).
+/// `lease_of` returns the Lease of a host (same name and namespace); `in_flight` names hosts
+/// (`namespace/name`) this controller is claiming right now. `rng` picks among equals.
+pub fn select<'a, R: rand::Rng + ?Sized>(
+    hosts: &'a [impl AsRef<ByoHost>],
+    lease_of: impl Fn(&ByoHost) -> Option<Lease>,
+    in_flight: &HashSet<String>,
+    req: &Request<'_>,
+    now: Timestamp,
+    rng: &mut R,
+) -> Selection<'a> {
+    let mut rejected = BTreeMap::new();
+    let mut eligible: Vec<&ByoHost> = Vec::new();
+    // Claimed hosts of this cluster per failure domain (spreading).
+    let mut claimed_per_domain: BTreeMap<&str, usize> = BTreeMap::new();
+    for host in hosts.iter().map(AsRef::as_ref) {
+        if host.metadata.namespace.as_deref() != Some(req.namespace) {
+            continue;
+        }
+        if let Some(claim) = &host.spec.claim
+            && claim.cluster_name == req.cluster_name
+        {
+            *claimed_per_domain
+                .entry(label(host, labels::FAILURE_DOMAIN).unwrap_or_default())
+                .or_default() += 1;
+        }
+        let lease = lease_of(host);
+        let verdict = eligibility(host, lease.as_ref(), req, now).and_then(|()| {
+            let key = format!(
+                "{}/{}",
+                req.namespace,
+                host.metadata.name.as_deref().unwrap_or_default()
+            );
+            if in_flight.contains(&key) {
+                Err(Rejection::InFlight)
+            } else {
+                Ok(())
+            }
+        });
+        match verdict {
+            Ok(()) => eligible.push(host),
+            Err(r) => *rejected.entry(r).or_default() += 1,
+        }
+    }
+    let rank = |h: &ByoHost| {
+        let version_miss = match req.kubernetes_version {
+            Some(v) => label(h, labels::HOST_K8S_VERSION) != Some(v),
+            None => false,
+        };
+        let domain_load = claimed_per_domain
+            .get(label(h, labels::FAILURE_DOMAIN).unwrap_or_default())
+            .copied()
+            .unwrap_or(0);
+        (version_miss, domain_load)
+    };
+    eligible.sort_by(|a, b| {
+        rank(a)
+            .cmp(&rank(b))
+            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+    let chosen = eligible.first().map(|best| {
+        let best_rank = rank(best);
+        let equals = eligible
+            .iter()
+            .take(PICK_AMONG)
+            .take_while(|h| rank(h) == best_rank)
+            .count();
+        eligible[rng.random_range(0..equals)]
+    });
+    Selection { chosen, rejected }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use byoh_api::byohost::{HostClaim, MachineReference, NeedsCleanup};
+    use byoh_api::{ByoHostSpec, ByoHostStatus};
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+    use rand::SeedableRng;
+    use std::sync::Arc;
+
+    const NOW: &str = "2026-06-01T12:00:00Z";
+
+    fn now() -> Timestamp {
+        NOW.parse().unwrap()
+    }
+
+    struct H {
+        name: &'static str,
+        labels: Vec<(&'static str, &'static str)>,
+        claim_cluster: Option<&'static str>,
+        needs_cleanup: bool,
+        phase: Option<&'static str>,
+        lease_age_secs: Option<i64>,
+        deleting: bool,
+        namespace: &'static str,
+    }
+
+    fn h(name: &'static str) -> H {
+        H {
+            name,
+            labels: vec![(labels::HOST_ARCH, "amd64"), (labels::HOST_OS, "debian")],
+            claim_cluster: None,
+            needs_cleanup: false,
+            phase: Some("Available"),
+            lease_age_secs: Some(5),
+            deleting: false,
+            namespace: "ns",
+        }
+    }
+
+    impl H {
+        fn build(&self) -> (ByoHost, Option<Lease>) {
+            let mut host = ByoHost::new(
+                self.name,
+                ByoHostSpec {
+                    claim: self.claim_cluster.map(|c| HostClaim {
+                        machine_ref: MachineReference {
+                            name: "other".into(),
+                            uid: "u".into(),
+                        },
+                        cluster_name: c.into(),
+                        provider_id: "byoh://x/y".into(),
+                        ..Default::default()
+                    }),
+                    needs_cleanup: self.needs_cleanup.then(|| NeedsCleanup {
+                        machine_uid: "u".into(),
+                        reason: "ForcedRelease".into(),
+                    }),
+                },
+            );
+            host.metadata.namespace = Some(self.namespace.into());
+            host.metadata.labels = Some(
+                self.labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            if self.deleting {
+                host.metadata.deletion_timestamp = Some(Time(now()));
+            }
+            host.status = Some(ByoHostStatus {
+                phase: self.phase.map(Into::into),
+                ..Default::default()
+            });
+            let lease = self.lease_age_secs.map(|age| Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.into()),
+                    namespace: Some(self.namespace.into()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    renew_time: Some(MicroTime(
+                        now().checked_sub(SignedDuration::from_secs(age)).unwrap(),
+                    )),
+                    lease_duration_seconds: Some(40),
+                    ..Default::default()
+                }),
+            });
+            (host, lease)
+        }
+    }
+
+    fn run(
+        hosts: &[H],
+        req: &Request<'_>,
+        seed: u64,
+    ) -> (Option<String>, BTreeMap<Rejection, usize>) {
+        let built: Vec<(ByoHost, Option<Lease>)> = hosts.iter().map(H::build).collect();
+        let only_hosts: Vec<Arc<ByoHost>> =
+            built.iter().map(|(h, _)| Arc::new(h.clone())).collect();
+        let lease_of = |host: &ByoHost| {
+            built
+                .iter()
+                .find(|(h, _)| h.metadata.name == host.metadata.name)
+                .and_then(|(_, l)| l.clone())
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let s = select(&only_hosts, lease_of, &HashSet::new(), req, now(), &mut rng);
+        (s.chosen.and_then(|h| h.metadata.name.clone()), s.rejected)
+    }
+
+    fn req() -> Request<'static> {
+        Request {
+            namespace: "ns",
+            cluster_name: "c1",
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn eligibility_table() {
+        let sel_in = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "site".into(),
+                operator: "In".into(),
+                values: Some(vec!["a".into(), "b".into()]),
+            }]),
+            ..Default::default()
+        };
+        let sel_notin = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "site".into(),
+                operator: "NotIn".into(),
+                values: Some(vec!["a".into()]),
+            }]),
+            ..Default::default()
+        };
+        let sel_exists = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "gpu".into(),
+                operator: "Exists".into(),
+                values: None,
+            }]),
+            ..Default::default()
+        };
+        let sel_dne = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "gpu".into(),
+                operator: "DoesNotExist".into(),
+                values: None,
+            }]),
+            ..Default::default()
+        };
+        let sel_labels = LabelSelector {
+            match_labels: Some([("site".to_string(), "a".to_string())].into()),
+            ..Default::default()
+        };
+        let with = |mut x: H, k: &'static str, v: &'static str| {
+            x.labels.push((k, v));
+            x
+        };
+        type Case = (&'static str, H, Request<'static>, Result<(), Rejection>);
+        let sel = |s: &LabelSelector| -> Request<'static> {
+            Request {
+                selector: Some(Box::leak(Box::new(s.clone()))),
+                ..req()
+            }
+        };
+        let cases: Vec<Case> = vec![
+            ("free live host", h("a"), req(), Ok(())),
+            (
+                "other namespace",
+                H {
+                    namespace: "other",
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::Namespace),
+            ),
+            (
+                "deleting",
+                H {
+                    deleting: true,
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::Deleting),
+            ),
+            (
+                "claimed",
+                H {
+                    claim_cluster: Some("c1"),
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::Claimed),
+            ),
+            (
+                "needs clean-up",
+                H {
+                    needs_cleanup: true,
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::NeedsCleanup),
+            ),
+            (
+                "no lease",
+                H {
+                    lease_age_secs: None,
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::NoLease),
+            ),
+            (
+                "lease expired exactly now",
+                H {
+                    lease_age_secs: Some(40),
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::LeaseExpired),
+            ),
+            (
+                "lease still live",
+                H {
+                    lease_age_secs: Some(39),
+                    ..h("a")
+                },
+                req(),
+                Ok(()),
+            ),
+            (
+                "phase Provisioned",
+                H {
+                    phase: Some("Provisioned"),
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::NotAvailable),
+            ),
+            (
+                "no phase",
+                H {
+                    phase: None,
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::NotAvailable),
+            ),
+            (
+                "In matches",
+                with(h("a"), "site", "b"),
+                sel(&sel_in),
+                Ok(()),
+            ),
+            (
+                "In misses",
+                with(h("a"), "site", "c"),
+                sel(&sel_in),
+                Err(Rejection::Selector),
+            ),
+            (
+                "In without label",
+                h("a"),
+                sel(&sel_in),
+                Err(Rejection::Selector),
+            ),
+            ("NotIn without label", h("a"), sel(&sel_notin), Ok(())),
+            (
+                "NotIn hit",
+                with(h("a"), "site", "a"),
+                sel(&sel_notin),
+                Err(Rejection::Selector),
+            ),
+            ("Exists", with(h("a"), "gpu", ""), sel(&sel_exists), Ok(())),
+            (
+                "Exists misses",
+                h("a"),
+                sel(&sel_exists),
+                Err(Rejection::Selector),
+            ),
+            ("DoesNotExist", h("a"), sel(&sel_dne), Ok(())),
+            (
+                "DoesNotExist hit",
+                with(h("a"), "gpu", "x"),
+                sel(&sel_dne),
+                Err(Rejection::Selector),
+            ),
+            (
+                "matchLabels",
+                with(h("a"), "site", "a"),
+                sel(&sel_labels),
+                Ok(()),
+            ),
+            (
+                "matchLabels miss",
+                with(h("a"), "site", "b"),
+                sel(&sel_labels),
+                Err(Rejection::Selector),
+            ),
+            (
+                "arch fits",
+                h("a"),
+                Request {
+                    arch: Some("amd64"),
+                    ..req()
+                },
+                Ok(()),
+            ),
+            (
+                "wrong arch",
+                h("a"),
+                Request {
+                    arch: Some("arm64"),
+                    ..req()
+                },
+                Err(Rejection::Arch),
+            ),
+            (
+                "wrong os",
+                h("a"),
+                Request {
+                    os: Some("rocky"),
+                    ..req()
+                },
+                Err(Rejection::Os),
+            ),
+            (
+                "failure domain fits",
+                with(h("a"), labels::FAILURE_DOMAIN, "z1"),
+                Request {
+                    failure_domain: Some("z1"),
+                    ..req()
+                },
+                Ok(()),
+            ),
+            (
+                "failure domain differs",
+                with(h("a"), labels::FAILURE_DOMAIN, "z2"),
+                Request {
+                    failure_domain: Some("z1"),
+                    ..req()
+                },
+                Err(Rejection::FailureDomain),
+            ),
+            (
+                "no zone label with a failure domain asked",
+                h("a"),
+                Request {
+                    failure_domain: Some("z1"),
+                    ..req()
+                },
+                Err(Rejection::FailureDomain),
+            ),
+        ];
+        for (name, host, request, want) in cases {
+            let (host, lease) = host.build();
+            assert_eq!(
+                eligibility(&host, lease.as_ref(), &request, now()),
+                want,
+                "case {name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn prefers_matching_kubernetes_version() {
+        let hosts = [
+            h("a"),
+            H {
+                labels: vec![(labels::HOST_K8S_VERSION, "v1.36.1")],
+                ..h("b")
+            },
+            h("c"),
+        ];
+        for seed in 0..20 {
+            let r = Request {
+                kubernetes_version: Some("v1.36.1"),
+                ..req()
+            };
+            assert_eq!(run(&hosts, &r, seed).0.as_deref(), Some("b"));
+        }
+        // Without a version match every host is as good: the pick varies with the seed.
+        let r = Request {
+            kubernetes_version: Some("v1.35.0"),
+            ..req()
+        };
+        let picks: HashSet<_> = (0..50).filter_map(|s| run(&hosts, &r, s).0).collect();
+        assert_eq!(picks.len(), 3, "{picks:?}");
+    }
+
+    #[test]
+    fn spreads_over_failure_domains() {
+        let z = |x: H, zone: &'static str| H {
+            labels: vec![(labels::FAILURE_DOMAIN, zone)],
+            ..x
+        };
+        let hosts = [
+            z(
+                H {
+                    claim_cluster: Some("c1"),
+                    ..h("a1")
+                },
+                "z1",
+            ),
+            z(h("a2"), "z1"),
+            z(
+                H {
+                    claim_cluster: Some("c1"),
+                    ..h("b1")
+                },
+                "z2",
+            ),
+            z(
+                H {
+                    claim_cluster: Some("c1"),
+                    ..h("b2")
+                },
+                "z2",
+            ),
+            z(h("b3"), "z2"),
+            // Claims of another cluster do not count.
+            z(
+                H {
+                    claim_cluster: Some("other"),
+                    ..h("c1")
+                },
+                "z3",
+            ),
+            z(
+                H {
+                    claim_cluster: Some("other"),
+                    ..h("c2")
+                },
+                "z3",
+            ),
+            z(h("c3"), "z3"),
+        ];
+        for seed in 0..20 {
+            let (chosen, rejected) = run(&hosts, &req(), seed);
+            assert_eq!(chosen.as_deref(), Some("c3"));
+            assert_eq!(rejected.get(&Rejection::Claimed), Some(&5));
+        }
+        // A Machine pinned to z1 gets z1's free host whatever the spread says.
+        let r = Request {
+            failure_domain: Some("z1"),
+            ..req()
+        };
+        assert_eq!(run(&hosts, &r, 1).0.as_deref(), Some("a2"));
+    }
+
+    #[test]
+    fn nothing_eligible_reports_why() {
+        let hosts = [
+            H {
+                lease_age_secs: Some(100),
+                ..h("a")
+            },
+            H {
+                needs_cleanup: true,
+                ..h("b")
+            },
+            h("c"),
+        ];
+        let r = Request {
+            arch: Some("arm64"),
+            ..req()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        let built: Vec<_> = hosts.iter().map(H::build).collect();
+        let only: Vec<Arc<ByoHost>> = built.iter().map(|(h, _)| Arc::new(h.clone())).collect();
+        let s = select(
+            &only,
+            |host| {
+                built
+                    .iter()
+                    .find(|(h, _)| h.metadata.name == host.metadata.name)
+                    .and_then(|(_, l)| l.clone())
+            },
+            &HashSet::new(),
+            &r,
+            now(),
+            &mut rng,
+        );
+        assert!(s.chosen.is_none());
+        assert_eq!(s.summary(), "1 NeedsCleanup, 1 LeaseExpired, 1 Arch");
+    }
+
+    #[test]
+    fn in_flight_hosts_are_skipped() {
+        let hosts = [h("a"), h("b")];
+        let built: Vec<_> = hosts.iter().map(H::build).collect();
+        let only: Vec<Arc<ByoHost>> = built.iter().map(|(h, _)| Arc::new(h.clone())).collect();
+        let in_flight: HashSet<String> = ["ns/a".to_string()].into();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        for _ in 0..10 {
+            let s = select(
+                &only,
+                |host| {
+                    built
+                        .iter()
+                        .find(|(h, _)| h.metadata.name == host.metadata.name)
+                        .and_then(|(_, l)| l.clone())
+                },
+                &in_flight,
+                &req(),
+                now(),
+                &mut rng,
+            );
+            assert_eq!(s.chosen.and_then(|h| h.metadata.name.as_deref()), Some("b"));
+        }
+    }
+}
