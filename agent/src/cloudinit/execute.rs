@@ -10,7 +10,7 @@
 //! Logs hold paths, modes, indices and exit statuses, never contents or command output.
 
 use super::runner::{CommandRunner, Exit, stderr_tail};
-use super::validate::{DEFAULT_FILE_MODE, FileWrite, Plan};
+use super::validate::{Command, DEFAULT_FILE_MODE, FileWrite, Plan};
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -106,7 +106,13 @@ fn create_parents(root: &Path, path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn write_one(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
+/// Writes one planned file under `root` (atomically for new or replaced files, with fsync for
+/// appends), creating missing parents 0755, then sets mode and owner. One step of [`execute`],
+/// public so a resumable caller can record each step.
+///
+/// # Errors
+/// [`ExecError::File`] naming the entry, path and the operation that failed.
+pub fn write_file(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
     let err = |what: &'static str| {
         let path = f.path.clone();
         let index = f.index;
@@ -151,6 +157,37 @@ fn write_one(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
     Ok(())
 }
 
+/// Runs one planned command through `runner`, limited to `timeout`. One step of [`execute`],
+/// public so a resumable caller can record each step. Its output is never logged.
+///
+/// # Errors
+/// [`ExecError::Start`] if it cannot start, [`ExecError::Command`] if it fails (exit status and
+/// the tail of its stderr).
+pub async fn run_command(
+    c: &Command,
+    runner: &impl CommandRunner,
+    timeout: Duration,
+) -> Result<(), ExecError> {
+    tracing::info!(index = c.index, "runcmd: running command");
+    let outcome = runner
+        .run(&c.form, timeout)
+        .await
+        .map_err(|source| ExecError::Start {
+            index: c.index,
+            source,
+        })?;
+    if !outcome.exit.success() {
+        tracing::warn!(index = c.index, exit = %exit_text(outcome.exit), "runcmd: command failed");
+        return Err(ExecError::Command {
+            index: c.index,
+            exit: outcome.exit,
+            stderr_tail: stderr_tail(&outcome.stderr),
+        });
+    }
+    tracing::info!(index = c.index, "runcmd: command succeeded");
+    Ok(())
+}
+
 /// Executes a validated plan: files (non-deferred, then deferred) under `root`, then commands
 /// through `runner`, each limited to `command_timeout`.
 ///
@@ -165,7 +202,7 @@ pub async fn execute(
 ) -> Result<ExecReport, ExecError> {
     let mut report = ExecReport::default();
     for f in &plan.files {
-        write_one(root, f)?;
+        write_file(root, f)?;
         tracing::info!(
             index = f.index,
             path = %f.path.display(),
@@ -179,23 +216,7 @@ pub async fn execute(
         report.files_written.push(f.path.clone());
     }
     for c in &plan.commands {
-        tracing::info!(index = c.index, "runcmd: running command");
-        let outcome = runner
-            .run(&c.form, command_timeout)
-            .await
-            .map_err(|source| ExecError::Start {
-                index: c.index,
-                source,
-            })?;
-        if !outcome.exit.success() {
-            tracing::warn!(index = c.index, exit = %exit_text(outcome.exit), "runcmd: command failed");
-            return Err(ExecError::Command {
-                index: c.index,
-                exit: outcome.exit,
-                stderr_tail: stderr_tail(&outcome.stderr),
-            });
-        }
-        tracing::info!(index = c.index, "runcmd: command succeeded");
+        run_command(c, runner, command_timeout).await?;
         report.commands_run += 1;
     }
     Ok(report)

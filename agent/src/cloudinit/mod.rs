@@ -27,7 +27,7 @@ mod validate;
 
 pub use document::{Content, Document, RawCommand, RawWriteFile, parse};
 pub use encoding::Encoding;
-pub use execute::{ExecError, ExecReport, execute};
+pub use execute::{ExecError, ExecReport, execute, run_command, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;
 pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail};
