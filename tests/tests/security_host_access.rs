@@ -1,0 +1,330 @@
+//! Per-host least privilege on the real API server: the host access reconciler (in-process, as
+//! the controller's ServiceAccount) gives each ByoHost a Role; the generated ClusterRoles and
+//! ValidatingAdmissionPolicies do the rest. As `byoh:host:a`: its own ByoHost, status, Lease
+//! and bootstrap Secret are allowed; host `b`'s ByoHost and Secret, its own claim (spec),
+//! controller labels, a ByoHost or Lease named otherwise, and deleting its claimed ByoHost are
+//! refused.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod security_common;
+
+use byoh_api::ByoHost;
+use byoh_api::byohost::{ByoHostSpec, HostClaim, MachineReference};
+use byoh_api::common::LocalObjectReference;
+use byoh_controller::hostaccess::{self, HostAccessOptions};
+use byoh_tests::control_plane::{self, TestNamespace};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use security_common::*;
+use serde_json::json;
+use std::time::Duration;
+
+fn claim(secret: &str) -> HostClaim {
+    HostClaim {
+        machine_ref: MachineReference {
+            name: "m".into(),
+            uid: "00000000-0000-0000-0000-000000000001".into(),
+        },
+        cluster_name: "c".into(),
+        bootstrap_secret_ref: LocalObjectReference {
+            name: secret.into(),
+        },
+        provider_id: "byoh://x/y".into(),
+        ..Default::default()
+    }
+}
+
+fn secret(name: &str) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        string_data: Some([("value".to_string(), "#cloud-config\n".to_string())].into()),
+        ..Default::default()
+    }
+}
+
+fn lease(name: &str) -> Lease {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "holderIdentity": name, "leaseDurationSeconds": 40 }
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_reaches_only_its_own_objects() {
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    let ns = TestNamespace::create(&admin, "host-access").await.unwrap();
+    let reconciler = tokio::spawn(hostaccess::run(
+        controller_client().await.unwrap(),
+        HostAccessOptions {
+            namespace: Some(ns.name().into()),
+        },
+    ));
+    let pp = PostParams::default();
+    let admin_hosts: Api<ByoHost> = Api::namespaced(admin.clone(), ns.name());
+    let admin_secrets: Api<Secret> = Api::namespaced(admin.clone(), ns.name());
+    for name in ["a-bootstrap", "b-bootstrap"] {
+        admin_secrets.create(&pp, &secret(name)).await.unwrap();
+    }
+    // The host creates its own ByoHost (create is allowed by the ClusterRole; the policy checks
+    // the name and an empty spec), then the controller claims both hosts.
+    let a = host_client("a").await.unwrap();
+    let hosts: Api<ByoHost> = Api::namespaced(a.clone(), ns.name());
+    let created = eventually(
+        "host a may create its ByoHost",
+        Duration::from_secs(30),
+        || async {
+            hosts
+                .create(&pp, &ByoHost::new("a", ByoHostSpec::default()))
+                .await
+                .ok()
+        },
+    )
+    .await;
+    assert_eq!(created.metadata.name.as_deref(), Some("a"));
+    admin_hosts
+        .create(&pp, &ByoHost::new("b", ByoHostSpec::default()))
+        .await
+        .unwrap();
+    for (host, s) in [("a", "a-bootstrap"), ("b", "b-bootstrap")] {
+        admin_hosts
+            .patch(
+                host,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "claim": claim(s) } })),
+            )
+            .await
+            .unwrap();
+    }
+
+    // Allowed once the controller has written a's Role: its own ByoHost (get, and list/watch
+    // with the name field selector), status, bootstrap Secret and Lease.
+    let secrets: Api<Secret> = Api::namespaced(a.clone(), ns.name());
+    eventually(
+        "host a may read its bootstrap Secret",
+        Duration::from_secs(30),
+        || async { secrets.get("a-bootstrap").await.ok() },
+    )
+    .await;
+    hosts.get("a").await.unwrap();
+    let own = hosts
+        .list(&ListParams::default().fields("metadata.name=a"))
+        .await
+        .unwrap();
+    assert_eq!(own.items.len(), 1);
+    hosts
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "status": { "phase": "Bootstrapping", "agentVersion": "test" } }),
+            ),
+        )
+        .await
+        .unwrap();
+    hosts
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "site": "lab" } } })),
+        )
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(a.clone(), ns.name());
+    leases.create(&pp, &lease("a")).await.unwrap();
+    leases
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "renewTime": "2030-01-01T00:00:00.000000Z" } })),
+        )
+        .await
+        .unwrap();
+
+    // Refused by RBAC (403): other hosts' objects and Secrets, listing all ByoHosts.
+    let forbidden = |what: &str, s: kube::core::Status| {
+        assert_eq!(s.code, 403, "{what}: {s:?}");
+    };
+    forbidden(
+        "get b's bootstrap Secret",
+        refused("get b-bootstrap", secrets.get("b-bootstrap").await),
+    );
+    forbidden(
+        "patch ByoHost b",
+        refused(
+            "patch b",
+            hosts
+                .patch(
+                    "b",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "labels": { "x": "y" } } })),
+                )
+                .await,
+        ),
+    );
+    forbidden(
+        "patch b's status",
+        refused(
+            "patch b status",
+            hosts
+                .patch_status(
+                    "b",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": { "phase": "x" } })),
+                )
+                .await,
+        ),
+    );
+    forbidden(
+        "list all ByoHosts",
+        refused("list", hosts.list(&ListParams::default()).await),
+    );
+    forbidden(
+        "list Secrets",
+        refused("list secrets", secrets.list(&ListParams::default()).await),
+    );
+
+    // Refused by the admission policy: its own claim, controller labels, other names,
+    // deleting while claimed, another host's Lease.
+    // Policies are enforced shortly after they are created: wait for the first denial.
+    eventually(
+        "the host policy to be enforced",
+        Duration::from_secs(30),
+        || async {
+            match hosts
+                .create(&pp, &ByoHost::new("probe", ByoHostSpec::default()))
+                .await
+            {
+                Err(kube::Error::Api(_)) => Some(()),
+                Ok(_) => {
+                    let _ = admin_hosts.delete("probe", &DeleteParams::default()).await;
+                    None
+                }
+                Err(e) => panic!("create probe: {e}"),
+            }
+        },
+    )
+    .await;
+    let denied = |what: &str, s: kube::core::Status, text: &str| {
+        assert!(s.code == 403 || s.code == 422, "{what}: {s:?}");
+        assert!(
+            s.message.contains(text),
+            "{what}: {:?} lacks {text:?}",
+            s.message
+        );
+    };
+    denied(
+        "drop its own claim",
+        refused(
+            "drop claim",
+            hosts
+                .patch(
+                    "a",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": { "claim": null } })),
+                )
+                .await,
+        ),
+        "may not change spec",
+    );
+    denied(
+        "set needsCleanup",
+        refused(
+            "needsCleanup",
+            hosts
+                .patch(
+                    "a",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({ "spec": { "needsCleanup": { "machineUid": "u", "reason": "r" } } }),
+                    ),
+                )
+                .await,
+        ),
+        "may not change spec",
+    );
+    for label in [
+        byoh_api::labels::CLUSTER_NAME,
+        byoh_api::labels::MACHINE_NAME,
+    ] {
+        denied(
+            label,
+            refused(
+                label,
+                hosts
+                    .patch(
+                        "a",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({ "metadata": { "labels": { label: "x" } } })),
+                    )
+                    .await,
+            ),
+            "may not set or change the label",
+        );
+    }
+    denied(
+        "create a ByoHost named otherwise",
+        refused(
+            "create ab",
+            hosts
+                .create(&pp, &ByoHost::new("ab", ByoHostSpec::default()))
+                .await,
+        ),
+        "named exactly like itself",
+    );
+    denied(
+        "create a ByoHost with a claim",
+        refused("create a2", {
+            let other_ns = Api::<ByoHost>::namespaced(a.clone(), "default");
+            let mut h = ByoHost::new("a", ByoHostSpec::default());
+            h.spec.claim = Some(claim("a-bootstrap"));
+            other_ns.create(&pp, &h).await
+        }),
+        "may not set spec",
+    );
+    denied(
+        "delete its claimed ByoHost",
+        refused(
+            "delete a",
+            hosts.delete("a", &DeleteParams::default()).await,
+        ),
+        "while it is claimed",
+    );
+    denied(
+        "create host b's Lease",
+        refused("create lease b", leases.create(&pp, &lease("b")).await),
+        "Lease named exactly like itself",
+    );
+
+    // When the claim goes, so does the access to the bootstrap Secret; then the host may
+    // delete its (free) ByoHost.
+    admin_hosts
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "claim": null } })),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "host a loses access to the released bootstrap Secret",
+        Duration::from_secs(30),
+        || async {
+            matches!(secrets.get("a-bootstrap").await, Err(kube::Error::Api(s)) if s.code == 403)
+                .then_some(())
+        },
+    )
+    .await;
+    hosts.delete("a", &DeleteParams::default()).await.unwrap();
+
+    reconciler.abort();
+    ns.cleanup(&admin).await.unwrap();
+}
