@@ -219,8 +219,10 @@ async fn template_specs_are_immutable_except_for_clusterclass_dry_runs() {
         "metadata": { "annotations": { byoh_api::labels::TOPOLOGY_DRY_RUN: "" } },
         "spec": { "template": { "spec": { "selector": { "matchLabels": { "site": "lab" } } } } }
     });
-    let mut pp = PatchParams::default();
-    pp.dry_run = true;
+    let pp = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
     templates
         .patch("t", &pp, &Patch::Merge(&dry_run))
         .await
