@@ -565,6 +565,12 @@ fn components_header() -> String {
 /// policies and bindings, and the Deployment, every object labelled
 /// `cluster.x-k8s.io/provider: infrastructure-byoh`.
 ///
+/// Only cluster-scoped RBAC is used: clusterctl moves every namespaced object into the target
+/// namespace, so a Role in `kube-system` would not stay there. clusterctl also treats kinds it
+/// does not know (ValidatingAdmissionPolicy and its binding) as namespaced and sets
+/// `metadata.namespace` on them; the API server drops it for cluster-scoped kinds (checked on
+/// the test API server).
+///
 /// # Errors
 /// [`ManifestError::Serialise`] if an object cannot be serialised.
 pub fn infrastructure_components() -> Result<String, ManifestError> {
@@ -769,5 +775,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(meta["releaseSeries"][0]["contract"], "v1beta2");
+    }
+
+    /// RBAC lets the controller grant only what it holds: every (group, resource, verb) of a
+    /// host Role must be in the manager ClusterRole without a name restriction.
+    #[test]
+    fn manager_role_holds_everything_it_grants_to_hosts() {
+        use byoh_api::byohost::{HostClaim, MachineReference};
+        use byoh_api::common::{LocalObjectReference, TypedLocalObjectReference};
+        let mut host = byoh_api::ByoHost::new("a", Default::default());
+        host.spec.claim = Some(HostClaim {
+            machine_ref: MachineReference::default(),
+            cluster_name: "c".into(),
+            bootstrap_secret_ref: LocalObjectReference { name: "s".into() },
+            installer_ref: Some(TypedLocalObjectReference {
+                api_group: byoh_api::GROUP.into(),
+                kind: "K8sInstallerConfig".into(),
+                name: "i".into(),
+            }),
+            provider_id: "byoh://a/x".into(),
+            ..Default::default()
+        });
+        let manager = manager_cluster_role().rules.unwrap();
+        for rule in hostaccess::host_rules(&host) {
+            for group in rule.api_groups.clone().unwrap() {
+                for resource in rule.resources.clone().unwrap() {
+                    for verb in &rule.verbs {
+                        assert!(
+                            manager.iter().any(|m| m.resource_names.is_none()
+                                && m.api_groups.as_ref().unwrap().contains(&group)
+                                && m.resources.as_ref().unwrap().contains(&resource)
+                                && m.verbs.contains(verb)),
+                            "the manager role lacks {verb} {group}/{resource}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
