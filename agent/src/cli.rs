@@ -71,6 +71,44 @@ pub enum Command {
         #[command(subcommand)]
         command: CloudConfigCommand,
     },
+    /// Print what installing Kubernetes (or uninstalling it) would change on this host,
+    /// without changing anything.
+    Plan {
+        /// What to plan.
+        #[command(subcommand)]
+        command: PlanCommand,
+    },
+    /// Expert tool: install Kubernetes from a K8sInstallerConfig spec by hand, as the agent
+    /// does for a claim (changes recorded in `<state_dir>/install-manifest.json`). Refused
+    /// while this host is claimed.
+    Install {
+        /// The K8sInstallerConfig spec (YAML: a bare spec, or an object with `spec`).
+        #[arg(long, value_name = "FILE")]
+        config_file: PathBuf,
+        /// The Kubernetes version, e.g. v1.36.3.
+        #[arg(long, value_name = "VERSION")]
+        kubernetes_version: String,
+    },
+    /// Expert tool: revert everything `install` recorded in `<state_dir>/install-manifest.json`.
+    /// Refused while this host is claimed.
+    Uninstall,
+}
+
+/// Subcommands of `byoh-agent plan`. Exit 0 on success, 1 when the plan cannot be made, 78
+/// when the agent configuration is invalid.
+#[derive(Debug, Subcommand)]
+pub enum PlanCommand {
+    /// What `install` would change for this K8sInstallerConfig spec.
+    Install {
+        /// The K8sInstallerConfig spec (YAML: a bare spec, or an object with `spec`).
+        #[arg(long, value_name = "FILE")]
+        config_file: PathBuf,
+        /// The Kubernetes version, e.g. v1.36.3.
+        #[arg(long, value_name = "VERSION")]
+        kubernetes_version: String,
+    },
+    /// What `uninstall` would revert (from `<state_dir>/install-manifest.json`).
+    Uninstall,
 }
 
 /// Subcommands of `byoh-agent cloud-config`. Both exit 0 on success, 1 when the document is

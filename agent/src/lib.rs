@@ -10,6 +10,7 @@ pub mod config;
 pub mod facts;
 pub mod fsutil;
 pub mod identity;
+pub mod installer;
 pub mod logging;
 pub mod reconcile;
 pub mod registration;

@@ -13,6 +13,9 @@ fn main() -> ExitCode {
     if let Command::CloudConfig { command } = cli.command {
         return ExitCode::from(byoh_agent::cloudinit::cli::run(command, &cli.config));
     }
+    if let Some(action) = installer_action(&cli.command) {
+        return ExitCode::from(byoh_agent::installer::cli::run(action, &cli.config));
+    }
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -24,6 +27,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// The installer subcommands (`plan`, `install`, `uninstall`), run with their own exit codes.
+fn installer_action(command: &Command) -> Option<byoh_agent::installer::cli::Action> {
+    use byoh_agent::cli::PlanCommand;
+    use byoh_agent::installer::cli::Action;
+    match command {
+        Command::Plan { command } => Some(Action::Plan(match command {
+            PlanCommand::Install {
+                config_file,
+                kubernetes_version,
+            } => PlanCommand::Install {
+                config_file: config_file.clone(),
+                kubernetes_version: kubernetes_version.clone(),
+            },
+            PlanCommand::Uninstall => PlanCommand::Uninstall,
+        })),
+        Command::Install {
+            config_file,
+            kubernetes_version,
+        } => Some(Action::Install {
+            config_file: config_file.clone(),
+            kubernetes_version: kubernetes_version.clone(),
+        }),
+        Command::Uninstall => Some(Action::Uninstall),
+        _ => None,
+    }
+}
+
 fn env_overrides() -> Overrides {
     Overrides::from_env(|k| std::env::var(k).ok())
 }
@@ -31,7 +61,10 @@ fn env_overrides() -> Overrides {
 fn dispatch(cli: Cli) -> Result<(), AgentError> {
     match cli.command {
         // Handled in main() before dispatch (its own exit statuses).
-        Command::CloudConfig { .. } => {}
+        Command::CloudConfig { .. }
+        | Command::Plan { .. }
+        | Command::Install { .. }
+        | Command::Uninstall => {}
         Command::Version => println!("{}", byoh_agent::VERSION_TEXT),
         Command::Completions { shell } => {
             clap_complete::generate(

@@ -1,0 +1,1986 @@
+//! The Kubernetes installer: turns a `K8sInstallerConfig` spec into installed kubeadm, kubelet
+//! and kubectl, prepares the host (swap, kernel modules, sysctls, containerd's cgroup driver),
+//! and reverts exactly what it changed.
+//!
+//! - [`plan_install`] / [`plan_uninstall`]: what would change, nothing changed.
+//! - [`install`]: runs the steps of the chosen source; every change is appended to the
+//!   [`InstallManifest`] *before* it is made and marked done after (atomic write + fsync each
+//!   time), so a crash leaves a manifest that a rerun of [`install`] resumes and that
+//!   [`uninstall`] reverts. Nothing that already was as wanted is recorded, so nothing that
+//!   install did not change is ever reverted.
+//! - [`uninstall`]: reverts the manifest's changes in reverse order, each step idempotent (a
+//!   missing file, unit or package is skipped), then deletes the manifest and its backups.
+//!
+//! Sources (`docs/installer.md`): `preinstalled` (check versions only), `packages` (apt or dnf
+//! repository, exact versions, held), `tarball` (every artifact downloaded and its sha256
+//! verified before anything on the host is changed).
+
+pub mod cli;
+pub mod download;
+pub mod manifest;
+mod packages;
+#[cfg(test)]
+mod tests;
+
+pub use manifest::{Change, Entry, InstallManifest, MANIFEST_FILE, PackageManager};
+
+use crate::cloudinit::{CommandRunner, Exit, RawCommand, stderr_tail};
+use crate::systemd::{SystemdError, UnitManager};
+use byoh_api::byohost::HostInfo;
+use byoh_api::installer::{Artifact, K8sInstallerConfigSpec, PackagesSource, TarballSource};
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Marker put in front of the fstab(5) swap lines the installer comments out; uninstall
+/// uncomments exactly the lines that carry it.
+pub const FSTAB_MARKER: &str = "#byoh-swapoff# ";
+/// Kernel modules file (modules-load.d(5)).
+pub const MODULES_FILE: &str = "/etc/modules-load.d/byoh-k8s.conf";
+/// Kernel modules Kubernetes networking needs.
+pub const MODULES: &[&str] = &["overlay", "br_netfilter"];
+/// sysctl file (sysctl.d(5)).
+pub const SYSCTL_FILE: &str = "/etc/sysctl.d/99-byoh-k8s.conf";
+/// Sysctls Kubernetes networking needs (kubeadm's "container runtimes" prerequisites).
+pub const SYSCTLS: &[(&str, &str)] = &[
+    ("net.bridge.bridge-nf-call-iptables", "1"),
+    ("net.bridge.bridge-nf-call-ip6tables", "1"),
+    ("net.ipv4.ip_forward", "1"),
+];
+/// containerd's configuration file.
+pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
+/// Where the `tarball` source installs kubeadm, kubelet and kubectl.
+pub const BIN_DIR: &str = "/usr/local/bin";
+/// The kubelet unit written by the `tarball` source.
+pub const KUBELET_UNIT_PATH: &str = "/etc/systemd/system/kubelet.service";
+/// The kubeadm drop-in of the kubelet unit written by the `tarball` source.
+pub const KUBEADM_DROPIN_PATH: &str = "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf";
+/// Where CNI plugins bundles are extracted.
+pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
+/// The kubelet's unit.
+pub const KUBELET_UNIT: &str = "kubelet.service";
+/// containerd's unit.
+pub const CONTAINERD_UNIT: &str = "containerd.service";
+/// Time allowed to a short command (version checks, queries, swapoff).
+pub const SHORT_COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+/// Time allowed to a package installation or repository update.
+pub const PACKAGE_COMMAND_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+
+/// What to install, and where.
+#[derive(Clone, Debug)]
+pub struct InstallRequest {
+    /// The Machine's Kubernetes version, e.g. `v1.36.3`.
+    pub kubernetes_version: String,
+    /// The installer config (exactly one source set).
+    pub spec: K8sInstallerConfigSpec,
+    /// Where artifacts are downloaded and verified (`[agent] download_dir`).
+    pub download_dir: PathBuf,
+    /// The root every host path is joined under: `/` in production, a temp dir in tests.
+    pub root: PathBuf,
+}
+
+/// One change that [`install`] would make or [`uninstall`] would revert, in one line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedChange {
+    /// What would be done, e.g. `create /usr/local/bin/kubelet (0755)`.
+    pub summary: String,
+}
+
+impl std::fmt::Display for PlannedChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.summary)
+    }
+}
+
+fn planned(s: impl Into<String>) -> PlannedChange {
+    PlannedChange { summary: s.into() }
+}
+
+/// Everything that can stop an install or uninstall. Each message names the URL (without its
+/// query), path, unit, package or command, and what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The installer config or version is not usable.
+    #[error("installer config: {message}; fix the K8sInstallerConfig (docs/installer.md)")]
+    InvalidSpec {
+        /// What is wrong.
+        message: String,
+    },
+    /// The source cannot be used on this operating system.
+    #[error(
+        "the {source_kind} source is not supported on {os}: {message}; use the tarball or preinstalled source"
+    )]
+    UnsupportedOs {
+        /// `packages`, ...
+        source_kind: &'static str,
+        /// os-release `ID VERSION_ID`.
+        os: String,
+        /// Why.
+        message: String,
+    },
+    /// A download failed.
+    #[error("downloading {url}: {message}; check the URL and that this host can reach it")]
+    Download {
+        /// The URL without its query string.
+        url: String,
+        /// What failed.
+        message: String,
+    },
+    /// A download's sha256 is not the one the config names; nothing was installed.
+    #[error(
+        "{url}: sha256 is {actual}, the installer config wants {expected}; refusing it, nothing was installed. Fix the URL or the sha256 in the K8sInstallerConfig"
+    )]
+    ChecksumMismatch {
+        /// The URL without its query string.
+        url: String,
+        /// sha256 from the config.
+        expected: String,
+        /// sha256 of what was received.
+        actual: String,
+    },
+    /// A bundle holds an entry the installer refuses, or is not a gzip-compressed tar.
+    #[error(
+        "bundle {url}: entry {entry:?}: {message}; nothing from it was installed, fix the bundle"
+    )]
+    Archive {
+        /// The URL without its query string.
+        url: String,
+        /// The entry's path in the archive (`-` when the archive itself is corrupt).
+        entry: String,
+        /// Why it is refused.
+        message: String,
+    },
+    /// A file operation failed.
+    #[error("{action} {}: {source}; fix the file system problem and run the install again", path.display())]
+    Io {
+        /// What was being done, e.g. `writing`.
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Something is in the way of a file the installer writes.
+    #[error("{}: {message}; remove or move it, then run the install again", path.display())]
+    Conflict {
+        /// Host path.
+        path: PathBuf,
+        /// What is there.
+        message: String,
+    },
+    /// A command could not be started.
+    #[error("cannot run {command}: {source}; is it installed and on PATH?")]
+    CommandStart {
+        /// The command line.
+        command: String,
+        /// The spawn error.
+        source: std::io::Error,
+    },
+    /// A command failed.
+    #[error("{command} {status}: {stderr}; {hint}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// `exited with status N`, `was killed by signal N` or `timed out`.
+        status: String,
+        /// The tail of its standard error.
+        stderr: String,
+        /// What to do next.
+        hint: String,
+    },
+    /// A systemd operation failed.
+    #[error("{action} {unit}: {source}; see journalctl -u {unit}")]
+    Unit {
+        /// What was being done, e.g. `starting`.
+        action: &'static str,
+        /// The unit.
+        unit: String,
+        /// The systemd error.
+        source: SystemdError,
+    },
+    /// A pre-installed component has another version than the Machine's.
+    #[error(
+        "{component} reports version {found:?}, the Machine wants {wanted}; install {component} {wanted} on this host, or set preinstalled.skipVersionCheck"
+    )]
+    VersionMismatch {
+        /// `kubeadm` or `kubelet`.
+        component: &'static str,
+        /// What it printed.
+        found: String,
+        /// The Machine's version.
+        wanted: String,
+    },
+    /// A package is already installed at another version (not by the installer).
+    #[error(
+        "package {package} {installed} is already installed, the installer wants {wanted}; remove it by hand or use the preinstalled source"
+    )]
+    PackageConflict {
+        /// Package name.
+        package: String,
+        /// Installed version.
+        installed: String,
+        /// Wanted version.
+        wanted: String,
+    },
+    /// containerd's configuration cannot be updated.
+    #[error(
+        "{}: {message}; set SystemdCgroup = true for the runc runtime by hand or move the file away",
+        path.display()
+    )]
+    ContainerdConfig {
+        /// Host path of the config.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The manifest cannot be read or written.
+    #[error("install manifest {}: {message}; check the state directory", path.display())]
+    Manifest {
+        /// Path of the manifest.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// A manifest of another install exists.
+    #[error(
+        "{} records an install of Kubernetes {version} with another installer config; uninstall it first (byoh-agent uninstall)",
+        path.display()
+    )]
+    OtherInstall {
+        /// Path of the manifest.
+        path: PathBuf,
+        /// Its Kubernetes version.
+        version: String,
+    },
+}
+
+impl InstallError {
+    /// A mapper from an I/O error on `path` while doing `action`.
+    pub fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> InstallError {
+        let path = path.to_path_buf();
+        move |source| InstallError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+
+    fn unit(action: &'static str, unit: &str) -> impl FnOnce(SystemdError) -> InstallError {
+        let unit = unit.to_string();
+        move |source| InstallError::Unit {
+            action,
+            unit,
+            source,
+        }
+    }
+}
+
+/// The one source of a spec.
+enum Source<'a> {
+    Preinstalled { skip_version_check: bool },
+    Packages(&'a PackagesSource, PackageManager),
+    Tarball(&'a TarballSource),
+}
+
+impl Source<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Source::Preinstalled { .. } => "preinstalled",
+            Source::Packages(..) => "packages",
+            Source::Tarball(_) => "tarball",
+        }
+    }
+}
+
+/// The package manager of a host: apt on Debian and Ubuntu, dnf on the RHEL family.
+pub fn package_manager(os: &HostInfo) -> Option<PackageManager> {
+    match os.os_name.as_str() {
+        "debian" | "ubuntu" => Some(PackageManager::Apt),
+        "rhel" | "rocky" | "almalinux" | "centos" | "fedora" | "ol" => Some(PackageManager::Dnf),
+        _ => None,
+    }
+}
+
+fn invalid(message: impl Into<String>) -> InstallError {
+    InstallError::InvalidSpec {
+        message: message.into(),
+    }
+}
+
+/// `v1.36.3` → `1.36.3`, checked to be `MAJOR.MINOR.PATCH` with an optional `-suffix`.
+fn bare_version(v: &str) -> Result<String, InstallError> {
+    let bare = v.strip_prefix('v').unwrap_or(v);
+    let core = bare.split(['-', '+']).next().unwrap_or("");
+    let parts: Vec<&str> = core.split('.').collect();
+    if parts.len() != 3
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(invalid(format!(
+            "Kubernetes version {v:?} is not of the form v1.36.3"
+        )));
+    }
+    Ok(bare.to_string())
+}
+
+fn check_artifact(field: &str, a: &Artifact) -> Result<(), InstallError> {
+    if !(a.url.starts_with("https://") || a.url.starts_with("http://"))
+        || reqwest::Url::parse(&a.url).is_err()
+    {
+        return Err(invalid(format!(
+            "tarball.{field}.url {} is not an http(s) URL",
+            download::redact_url(&a.url)
+        )));
+    }
+    if a.sha256.len() != 64
+        || !a
+            .sha256
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(invalid(format!(
+            "tarball.{field}.sha256 must be 64 lower-case hex digits"
+        )));
+    }
+    Ok(())
+}
+
+/// Signing keys come over https only (there is no checksum to check them against); unit
+/// tests serve them from a plain loopback server.
+fn key_url_ok(url: &str) -> bool {
+    url.starts_with("https://") || (cfg!(test) && url.starts_with("http://127.0.0.1:"))
+}
+
+fn source_of<'a>(req: &'a InstallRequest, os: &HostInfo) -> Result<Source<'a>, InstallError> {
+    bare_version(&req.kubernetes_version)?;
+    let s = &req.spec;
+    let n = [
+        s.preinstalled.is_some(),
+        s.packages.is_some(),
+        s.tarball.is_some(),
+    ]
+    .iter()
+    .filter(|x| **x)
+    .count();
+    if n != 1 {
+        return Err(invalid(format!(
+            "exactly one of preinstalled, packages or tarball must be set ({n} are)"
+        )));
+    }
+    if let Some(p) = &s.preinstalled {
+        return Ok(Source::Preinstalled {
+            skip_version_check: p.skip_version_check,
+        });
+    }
+    if let Some(t) = &s.tarball {
+        check_artifact("kubeadm", &t.kubeadm)?;
+        check_artifact("kubelet", &t.kubelet)?;
+        for (f, a) in [
+            ("kubectl", &t.kubectl),
+            ("containerd", &t.containerd),
+            ("cniPlugins", &t.cni_plugins),
+        ] {
+            if let Some(a) = a {
+                check_artifact(f, a)?;
+            }
+        }
+        return Ok(Source::Tarball(t));
+    }
+    let p = s.packages.as_ref().ok_or_else(|| invalid("no source"))?;
+    let os_text = format!("{} {}", os.os_name, os.os_version);
+    let manager = package_manager(os).ok_or_else(|| InstallError::UnsupportedOs {
+        source_kind: "packages",
+        os: os_text.clone(),
+        message: "neither apt (Debian, Ubuntu) nor dnf (RHEL family)".into(),
+    })?;
+    match manager {
+        PackageManager::Apt => {
+            if p.apt_repository.as_deref().unwrap_or("").is_empty() {
+                return Err(invalid(format!(
+                    "packages.aptRepository is required on {os_text}"
+                )));
+            }
+            if !p.key_url.as_deref().is_some_and(key_url_ok) {
+                return Err(invalid(
+                    "packages.keyURL (an https URL of the repository's signing key) is required for apt",
+                ));
+            }
+        }
+        PackageManager::Dnf => {
+            if p.dnf_repository.as_deref().unwrap_or("").is_empty() {
+                return Err(invalid(format!(
+                    "packages.dnfRepository is required on {os_text}"
+                )));
+            }
+            if !p.key_url.as_deref().is_some_and(key_url_ok) {
+                return Err(invalid(
+                    "packages.keyURL (an https URL of the repository's signing key) is required for dnf",
+                ));
+            }
+        }
+    }
+    Ok(Source::Packages(p, manager))
+}
+
+/// The kubelet unit of the `tarball` source (as kubernetes/release ships it, with the binary in
+/// [`BIN_DIR`]).
+pub fn kubelet_unit() -> String {
+    format!(
+        "# Written by byoh-agent (K8sInstallerConfig tarball source); removed when the host is released.\n\
+         [Unit]\n\
+         Description=kubelet: The Kubernetes Node Agent\n\
+         Documentation=https://kubernetes.io/docs/\n\
+         Wants=network-online.target\n\
+         After=network-online.target\n\
+         \n\
+         [Service]\n\
+         ExecStart={BIN_DIR}/kubelet\n\
+         Restart=always\n\
+         StartLimitInterval=0\n\
+         RestartSec=10\n\
+         \n\
+         [Install]\n\
+         WantedBy=multi-user.target\n"
+    )
+}
+
+/// The kubeadm drop-in of the kubelet unit (kubernetes/release's `10-kubeadm.conf`); the
+/// extra-args file is `/etc/default/kubelet` on apt hosts, `/etc/sysconfig/kubelet` on dnf.
+pub fn kubeadm_dropin(manager: Option<PackageManager>) -> String {
+    let extra = match manager {
+        Some(PackageManager::Dnf) => "/etc/sysconfig/kubelet",
+        _ => "/etc/default/kubelet",
+    };
+    format!(
+        "# Written by byoh-agent (K8sInstallerConfig tarball source); removed when the host is released.\n\
+         # Note: This dropin only works with kubeadm and kubelet v1.11+\n\
+         [Service]\n\
+         Environment=\"KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf\"\n\
+         Environment=\"KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml\"\n\
+         # This is a file that \"kubeadm init\" and \"kubeadm join\" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically\n\
+         EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env\n\
+         # This is a file that the user can use for overrides of the kubelet args as a last resort.\n\
+         EnvironmentFile=-{extra}\n\
+         ExecStart=\n\
+         ExecStart={BIN_DIR}/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS\n"
+    )
+}
+
+fn modules_file() -> String {
+    format!(
+        "# Written by byoh-agent for Kubernetes; removed when the host is released.\n{}\n",
+        MODULES.join("\n")
+    )
+}
+
+fn sysctl_file() -> String {
+    let mut s = String::from(
+        "# Written by byoh-agent for Kubernetes; removed when the host is released.\n",
+    );
+    for (k, v) in SYSCTLS {
+        s.push_str(&format!("{k} = {v}\n"));
+    }
+    s
+}
+
+/// Where a file's content comes from.
+#[derive(Clone, Debug)]
+enum Content {
+    Text(String),
+    /// A verified download, by artifact name.
+    Artifact(&'static str),
+}
+
+/// One step of an install, in order.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Download and verify an artifact; bundles are also extracted into a staging directory.
+    Download {
+        name: &'static str,
+        artifact: Artifact,
+        bundle: bool,
+    },
+    VerifyVersions,
+    SwapOff,
+    Fstab,
+    File {
+        path: PathBuf,
+        content: Content,
+        mode: u32,
+    },
+    Bundle {
+        name: &'static str,
+        dest: PathBuf,
+    },
+    Sysctls,
+    /// Restart `unit` if a change was recorded under one of `after` (keys).
+    Restart {
+        unit: &'static str,
+        warn_only: bool,
+        after: Vec<String>,
+    },
+    ContainerdConfig,
+    /// daemon-reload, enable containerd if needed, restart it if active (after a change), else
+    /// start it.
+    ContainerdService,
+    DaemonReload,
+    Enable(&'static str),
+    Start(&'static str),
+    Packages(packages::PackageSteps),
+}
+
+fn file_key(path: &str) -> String {
+    format!("file:{path}")
+}
+
+fn containerd_present(root: &Path) -> bool {
+    [
+        "usr/bin/containerd",
+        "usr/local/bin/containerd",
+        "usr/sbin/containerd",
+    ]
+    .iter()
+    .any(|p| root.join(p).exists())
+}
+
+/// Host preparation shared by the packages and tarball sources (before the components).
+fn preparation() -> Vec<Step> {
+    vec![
+        Step::SwapOff,
+        Step::Fstab,
+        Step::File {
+            path: MODULES_FILE.into(),
+            content: Content::Text(modules_file()),
+            mode: 0o644,
+        },
+        Step::Restart {
+            unit: "systemd-modules-load.service",
+            warn_only: true,
+            after: vec![file_key(MODULES_FILE)],
+        },
+        Step::File {
+            path: SYSCTL_FILE.into(),
+            content: Content::Text(sysctl_file()),
+            mode: 0o644,
+        },
+        Step::Sysctls,
+        Step::Restart {
+            unit: "systemd-sysctl.service",
+            warn_only: true,
+            after: vec![file_key(SYSCTL_FILE)],
+        },
+    ]
+}
+
+fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) -> Vec<Step> {
+    let mut v = Vec::new();
+    match source {
+        Source::Preinstalled { skip_version_check } => {
+            if !skip_version_check {
+                v.push(Step::VerifyVersions);
+            }
+        }
+        Source::Packages(p, manager) => {
+            v.extend(preparation());
+            if containerd_present(&req.root) {
+                v.push(Step::ContainerdConfig);
+                v.push(Step::ContainerdService);
+            }
+            v.push(Step::Packages(packages::PackageSteps::new(
+                p,
+                *manager,
+                &req.kubernetes_version,
+            )));
+            v.push(Step::DaemonReload);
+            v.push(Step::Enable(KUBELET_UNIT));
+            v.push(Step::Start(KUBELET_UNIT));
+        }
+        Source::Tarball(t) => {
+            let mut artifacts: Vec<(&'static str, &Artifact, bool)> = vec![
+                ("kubeadm", &t.kubeadm, false),
+                ("kubelet", &t.kubelet, false),
+            ];
+            if let Some(a) = &t.kubectl {
+                artifacts.push(("kubectl", a, false));
+            }
+            if let Some(a) = &t.containerd {
+                artifacts.push(("containerd", a, true));
+            }
+            if let Some(a) = &t.cni_plugins {
+                artifacts.push(("cni-plugins", a, true));
+            }
+            // Everything is downloaded and verified before the host is touched.
+            for (name, a, bundle) in &artifacts {
+                v.push(Step::Download {
+                    name,
+                    artifact: (*a).clone(),
+                    bundle: *bundle,
+                });
+            }
+            v.extend(preparation());
+            if t.containerd.is_some() {
+                v.push(Step::Bundle {
+                    name: "containerd",
+                    dest: "/".into(),
+                });
+            }
+            if t.cni_plugins.is_some() {
+                v.push(Step::Bundle {
+                    name: "cni-plugins",
+                    dest: CNI_BIN_DIR.into(),
+                });
+            }
+            if t.containerd.is_some() || containerd_present(&req.root) {
+                v.push(Step::ContainerdConfig);
+                v.push(Step::ContainerdService);
+            }
+            for (name, _, bundle) in &artifacts {
+                if !bundle {
+                    v.push(Step::File {
+                        path: Path::new(BIN_DIR).join(name),
+                        content: Content::Artifact(name),
+                        mode: 0o755,
+                    });
+                }
+            }
+            v.push(Step::File {
+                path: KUBELET_UNIT_PATH.into(),
+                content: Content::Text(kubelet_unit()),
+                mode: 0o644,
+            });
+            v.push(Step::File {
+                path: KUBEADM_DROPIN_PATH.into(),
+                content: Content::Text(kubeadm_dropin(package_manager(os))),
+                mode: 0o644,
+            });
+            v.push(Step::DaemonReload);
+            v.push(Step::Enable(KUBELET_UNIT));
+            v.push(Step::Start(KUBELET_UNIT));
+        }
+    }
+    v
+}
+
+/// `path` (a host path) under `root`.
+pub fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Active swap devices from `<root>/proc/swaps`.
+fn active_swaps(root: &Path) -> Vec<String> {
+    std::fs::read_to_string(root.join("proc/swaps"))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|d| d.replace("\\040", " "))
+        .collect()
+}
+
+/// Whether an fstab(5) line is an active swap entry.
+fn is_swap_line(line: &str) -> bool {
+    let t = line.trim_start();
+    if t.starts_with('#') {
+        return false;
+    }
+    let f: Vec<&str> = t.split_whitespace().collect();
+    f.len() >= 3 && f[2] == "swap"
+}
+
+/// Whether `unit` is enabled in `root`'s /etc/systemd/system (a symlink in a `.wants` or
+/// `.requires` directory; units enabled by presets under /usr/lib count too).
+fn unit_enabled(root: &Path, unit: &str) -> bool {
+    [
+        "etc/systemd/system",
+        "usr/lib/systemd/system",
+        "lib/systemd/system",
+    ]
+    .iter()
+    .any(|dir| {
+        std::fs::read_dir(root.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                (n.ends_with(".wants") || n.ends_with(".requires"))
+                    && e.path().join(unit).symlink_metadata().is_ok()
+            })
+    })
+}
+
+fn sysctl_path(root: &Path, key: &str) -> PathBuf {
+    root.join("proc/sys").join(key.replace('.', "/"))
+}
+
+fn read_sysctl(root: &Path, key: &str) -> Option<String> {
+    std::fs::read_to_string(sysctl_path(root, key))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// What [`install`] would change, without changing anything (the Go original's "preview"). For
+/// bundles, the files are listed only once downloaded, at install time.
+///
+/// # Errors
+/// [`InstallError::InvalidSpec`] / [`InstallError::UnsupportedOs`] when the request cannot be
+/// installed here.
+pub fn plan_install(
+    req: &InstallRequest,
+    os: &HostInfo,
+) -> Result<Vec<PlannedChange>, InstallError> {
+    let source = source_of(req, os)?;
+    let root = &req.root;
+    let mut out = vec![planned(format!(
+        "source {}: Kubernetes {}",
+        source.name(),
+        req.kubernetes_version
+    ))];
+    let mut will_change: Vec<String> = Vec::new();
+    for step in steps(req, os, &source) {
+        match &step {
+            Step::Download {
+                name,
+                artifact,
+                bundle,
+            } => out.push(planned(format!(
+                "download {name} from {} into {}, verify sha256 {}{}",
+                download::redact_url(&artifact.url),
+                req.download_dir.display(),
+                artifact.sha256,
+                if *bundle { ", extract and check every entry" } else { "" }
+            ))),
+            Step::VerifyVersions => out.push(planned(format!(
+                "check that `kubeadm version -o short` and `kubelet --version` report {} (nothing installed)",
+                req.kubernetes_version
+            ))),
+            Step::SwapOff => {
+                let swaps = active_swaps(root);
+                if !swaps.is_empty() {
+                    out.push(planned(format!("swapoff {}", swaps.join(" "))));
+                }
+            }
+            Step::Fstab => {
+                let p = under(root, Path::new("/etc/fstab"));
+                let n = std::fs::read_to_string(&p)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| is_swap_line(l))
+                    .count();
+                if n > 0 {
+                    out.push(planned(format!(
+                        "comment out {n} swap line(s) of /etc/fstab with {FSTAB_MARKER:?} (backup kept), daemon-reload"
+                    )));
+                }
+            }
+            Step::File {
+                path,
+                content,
+                mode,
+            } => {
+                let real = under(root, path);
+                let same = match content {
+                    Content::Text(t) => {
+                        std::fs::read(&real).is_ok_and(|c| c == t.as_bytes())
+                            && std::fs::metadata(&real)
+                                .is_ok_and(|m| m.permissions().mode() & 0o7777 == *mode)
+                    }
+                    Content::Artifact(_) => false,
+                };
+                if same {
+                    continue;
+                }
+                will_change.push(file_key(&path.display().to_string()));
+                let verb = if real.symlink_metadata().is_ok() {
+                    "replace (backup kept)"
+                } else {
+                    "create"
+                };
+                let from = match content {
+                    Content::Text(_) => String::new(),
+                    Content::Artifact(n) => format!(" from the verified {n} download"),
+                };
+                out.push(planned(format!(
+                    "{verb} {} ({mode:04o}){from}",
+                    path.display()
+                )));
+            }
+            Step::Bundle { name, dest } => out.push(planned(format!(
+                "install every file of the {name} bundle under {} (each recorded; existing files backed up)",
+                dest.display()
+            ))),
+            Step::Sysctls => {
+                let kv: Vec<String> = SYSCTLS
+                    .iter()
+                    .filter(|(k, v)| read_sysctl(root, k).as_deref() != Some(*v))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                if !kv.is_empty() {
+                    out.push(planned(format!(
+                        "set sysctls {} (previous values recorded)",
+                        kv.join(" ")
+                    )));
+                }
+            }
+            Step::Restart {
+                unit,
+                warn_only,
+                after,
+            } => {
+                if after.iter().any(|k| will_change.contains(k)) {
+                    out.push(planned(format!(
+                        "restart {unit}{}",
+                        if *warn_only {
+                            " (a failure is a warning)"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+            }
+            Step::ContainerdConfig => out.push(planned(format!(
+                "set SystemdCgroup = true for runc in {CONTAINERD_CONFIG} (generated with `containerd config default` if missing; backup kept)"
+            ))),
+            Step::ContainerdService => out.push(planned(format!(
+                "enable {CONTAINERD_UNIT} if not enabled; restart it if active, else start it"
+            ))),
+            Step::DaemonReload => out.push(planned("daemon-reload")),
+            Step::Enable(unit) => {
+                if !unit_enabled(root, unit) {
+                    out.push(planned(format!("enable {unit}")));
+                }
+            }
+            Step::Start(unit) => out.push(planned(format!("start {unit} if not active"))),
+            Step::Packages(p) => out.extend(p.plan().into_iter().map(planned)),
+        }
+    }
+    Ok(out)
+}
+
+/// What [`uninstall`] would do with `manifest`: every recorded change reverted, last first.
+pub fn plan_uninstall(manifest: &InstallManifest) -> Vec<PlannedChange> {
+    let mut out: Vec<PlannedChange> = manifest
+        .changes
+        .iter()
+        .rev()
+        .map(|e| {
+            let mut s = e.change.describe_revert();
+            if !e.done {
+                s.push_str(" (the change was interrupted; reverted if present)");
+            }
+            planned(s)
+        })
+        .collect();
+    out.push(planned(
+        "daemon-reload, then delete the manifest and its backups",
+    ));
+    out
+}
+
+/// Installs what `req` asks for on this host (see the module documentation), recording every
+/// change in the manifest at `manifest_path`. Resumes an interrupted install of the same
+/// request; a completed one returns its manifest without doing anything.
+///
+/// # Errors
+/// [`InstallError`]; the manifest then records what was changed so far, for a rerun or
+/// [`uninstall`]. A sha256 mismatch is reported before anything on the host is changed.
+pub async fn install(
+    req: &InstallRequest,
+    os: &HostInfo,
+    units: &impl UnitManager,
+    runner: &impl CommandRunner,
+    manifest_path: &Path,
+) -> Result<InstallManifest, InstallError> {
+    let source = source_of(req, os)?;
+    let steps = steps(req, os, &source);
+    let manifest = match InstallManifest::load(manifest_path)? {
+        Some(m) if m.kubernetes_version == req.kubernetes_version && m.spec == req.spec => {
+            if m.complete {
+                return Ok(m);
+            }
+            tracing::info!(path = %manifest_path.display(), "resuming an interrupted install");
+            m
+        }
+        Some(m) => {
+            return Err(InstallError::OtherInstall {
+                path: manifest_path.into(),
+                version: m.kubernetes_version,
+            });
+        }
+        None => {
+            let m = InstallManifest {
+                version: manifest::MANIFEST_VERSION,
+                kubernetes_version: req.kubernetes_version.clone(),
+                spec: req.spec.clone(),
+                complete: false,
+                changes: Vec::new(),
+                warnings: Vec::new(),
+            };
+            m.save(manifest_path)?;
+            m
+        }
+    };
+    let mut ctx = Ctx {
+        root: &req.root,
+        download_dir: &req.download_dir,
+        units,
+        runner,
+        manifest_path,
+        backup_dir: backup_dir(manifest_path),
+        manifest,
+        downloads: BTreeMap::new(),
+    };
+    for step in &steps {
+        ctx.apply(step, req).await?;
+    }
+    ctx.manifest.complete = true;
+    ctx.save()?;
+    tracing::info!(
+        changes = ctx.manifest.changes.len(),
+        warnings = ctx.manifest.warnings.len(),
+        "install complete"
+    );
+    Ok(ctx.manifest)
+}
+
+/// Where backups of replaced files go: `install-backup/` beside the manifest, mirroring host
+/// paths.
+pub fn backup_dir(manifest_path: &Path) -> PathBuf {
+    manifest_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("install-backup")
+}
+
+/// Runs commands for the installer: argv, no shell, a timeout, errors naming the command.
+struct Commands<'a, R> {
+    runner: &'a R,
+    scratch: &'a Path,
+}
+
+impl<R: CommandRunner> Commands<'_, R> {
+    async fn run(
+        &self,
+        argv: &[String],
+        timeout: Duration,
+        hint: &str,
+    ) -> Result<(), InstallError> {
+        let shown = argv.join(" ");
+        let out = self
+            .runner
+            .run(&RawCommand::Argv(argv.to_vec()), timeout)
+            .await
+            .map_err(|source| InstallError::CommandStart {
+                command: shown.clone(),
+                source,
+            })?;
+        if out.exit.success() {
+            return Ok(());
+        }
+        Err(InstallError::Command {
+            command: shown,
+            status: match out.exit {
+                Exit::Code(c) => format!("exited with status {c}"),
+                Exit::Signal(s) => format!("was killed by signal {s}"),
+                Exit::TimedOut => format!("timed out after {timeout:?}"),
+            },
+            stderr: stderr_tail(&out.stderr),
+            hint: hint.to_string(),
+        })
+    }
+
+    /// Runs `argv` with its standard output captured in a scratch file (the runner keeps only
+    /// standard error) and returns it.
+    async fn output(
+        &self,
+        argv: &[String],
+        timeout: Duration,
+        hint: &str,
+    ) -> Result<String, InstallError> {
+        std::fs::create_dir_all(self.scratch)
+            .map_err(InstallError::io("creating", self.scratch))?;
+        let out_file = self.scratch.join(".command-output");
+        let _ = std::fs::remove_file(&out_file);
+        let mut wrapped: Vec<String> = vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "exec \"$@\" >\"$0\"".into(),
+            out_file.display().to_string(),
+        ];
+        wrapped.extend(argv.iter().cloned());
+        let result = self.run(&wrapped, timeout, hint).await;
+        let text = std::fs::read_to_string(&out_file).unwrap_or_default();
+        let _ = std::fs::remove_file(&out_file);
+        result.map_err(|e| match e {
+            // Name the command, not the wrapper.
+            InstallError::Command {
+                status,
+                stderr,
+                hint,
+                ..
+            } => InstallError::Command {
+                command: argv.join(" "),
+                status,
+                stderr,
+                hint,
+            },
+            other => other,
+        })?;
+        Ok(text)
+    }
+}
+
+fn argv(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// Where a step stands in the manifest.
+enum Lookup {
+    New,
+    Pending(usize, Change),
+    Done,
+}
+
+struct Ctx<'a, U, R> {
+    root: &'a Path,
+    download_dir: &'a Path,
+    units: &'a U,
+    runner: &'a R,
+    manifest_path: &'a Path,
+    backup_dir: PathBuf,
+    manifest: InstallManifest,
+    /// Artifact name → verified download (file, or staging directory for bundles).
+    downloads: BTreeMap<&'static str, PathBuf>,
+}
+
+/// What a file step puts in place.
+enum Put<'a> {
+    File(&'a Path, u32),
+    Symlink(&'a Path),
+}
+
+impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
+    fn real(&self, host: &Path) -> PathBuf {
+        under(self.root, host)
+    }
+
+    fn save(&self) -> Result<(), InstallError> {
+        self.manifest.save(self.manifest_path)
+    }
+
+    fn lookup(&self, key: &str) -> Lookup {
+        match self
+            .manifest
+            .changes
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.change.key() == key)
+        {
+            None => Lookup::New,
+            Some((_, e)) if e.done => Lookup::Done,
+            Some((i, e)) => Lookup::Pending(i, e.change.clone()),
+        }
+    }
+
+    fn recorded(&self, key: &str) -> bool {
+        !matches!(self.lookup(key), Lookup::New)
+    }
+
+    /// Records the intent of `change` (not done yet) and saves the manifest.
+    fn record(&mut self, change: Change) -> Result<usize, InstallError> {
+        tracing::debug!(change = %change.describe(), "recording");
+        self.manifest.changes.push(Entry {
+            change,
+            done: false,
+        });
+        self.save()?;
+        Ok(self.manifest.changes.len() - 1)
+    }
+
+    fn done(&mut self, idx: usize) -> Result<(), InstallError> {
+        if let Some(e) = self.manifest.changes.get_mut(idx) {
+            e.done = true;
+        }
+        self.save()
+    }
+
+    fn update(&mut self, idx: usize, change: Change) -> Result<(), InstallError> {
+        if let Some(e) = self.manifest.changes.get_mut(idx) {
+            e.change = change;
+            e.done = true;
+        }
+        self.save()
+    }
+
+    fn warn(&mut self, message: String) -> Result<(), InstallError> {
+        tracing::warn!("{message}");
+        self.manifest.warnings.push(message);
+        self.save()
+    }
+
+    fn commands(&self) -> Commands<'_, R> {
+        Commands {
+            runner: self.runner,
+            scratch: self.download_dir,
+        }
+    }
+
+    /// Creates the missing ancestors of host path `dir` and `dir` itself (0755), each recorded.
+    fn ensure_dir(&mut self, dir: &Path, mode: u32) -> Result<(), InstallError> {
+        let mut missing = Vec::new();
+        let mut cur = Some(dir);
+        while let Some(d) = cur {
+            if d.as_os_str().is_empty() || d == Path::new("/") {
+                break;
+            }
+            let real = self.real(d);
+            match real.symlink_metadata() {
+                Ok(m) if m.is_dir() => break,
+                // A symlink to a directory (e.g. /bin -> usr/bin) is fine.
+                Ok(m) if m.file_type().is_symlink() && real.is_dir() => break,
+                Ok(_) => {
+                    return Err(InstallError::Conflict {
+                        path: d.into(),
+                        message: "exists and is not a directory".into(),
+                    });
+                }
+                Err(_) => missing.push(d.to_path_buf()),
+            }
+            cur = d.parent();
+        }
+        for d in missing.into_iter().rev() {
+            let idx = match self.lookup(&format!("dir:{}", d.display())) {
+                Lookup::Done => None,
+                Lookup::Pending(i, _) => Some(i),
+                Lookup::New => Some(self.record(Change::DirCreated { path: d.clone() })?),
+            };
+            let real = self.real(&d);
+            let m = if d == dir { mode } else { 0o755 };
+            match std::fs::create_dir(&real) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(InstallError::io("creating", &real)(e)),
+            }
+            std::fs::set_permissions(&real, std::fs::Permissions::from_mode(m))
+                .map_err(InstallError::io("setting the mode of", &real))?;
+            if let Some(i) = idx {
+                self.done(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts a file or symlink at host path `host`, recording FileCreated/FileReplaced
+    /// (SymlinkCreated); nothing when it is already as wanted.
+    fn put(&mut self, host: &Path, what: Put<'_>) -> Result<(), InstallError> {
+        let key = format!("file:{}", host.display());
+        let real = self.real(host);
+        let (idx, change) = match self.lookup(&key) {
+            Lookup::Done => return Ok(()),
+            Lookup::Pending(i, c) => (i, c),
+            Lookup::New => {
+                let change = match real.symlink_metadata() {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &what {
+                        Put::File(..) => Change::FileCreated { path: host.into() },
+                        Put::Symlink(t) => Change::SymlinkCreated {
+                            path: host.into(),
+                            target: t.to_path_buf(),
+                        },
+                    },
+                    Err(e) => return Err(InstallError::io("reading", &real)(e)),
+                    Ok(m) if m.is_dir() => {
+                        return Err(InstallError::Conflict {
+                            path: host.into(),
+                            message: "is a directory where the installer puts a file".into(),
+                        });
+                    }
+                    Ok(m) => {
+                        if same_as(&real, &m, &what)? {
+                            return Ok(());
+                        }
+                        Change::FileReplaced {
+                            path: host.into(),
+                            backup: under(&self.backup_dir, host),
+                        }
+                    }
+                };
+                if let Some(parent) = host.parent() {
+                    self.ensure_dir(parent, 0o755)?;
+                }
+                let i = self.record(change.clone())?;
+                (i, change)
+            }
+        };
+        if let Change::FileReplaced { backup, .. } = &change
+            && backup.symlink_metadata().is_err()
+            && real.symlink_metadata().is_ok()
+        {
+            copy_entry(&real, backup)?;
+        }
+        match what {
+            Put::File(src, mode) => install_file(src, &real, mode)?,
+            Put::Symlink(target) => {
+                let tmp = tmp_sibling(&real);
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(target, &tmp)
+                    .map_err(InstallError::io("creating", &tmp))?;
+                std::fs::rename(&tmp, &real).map_err(InstallError::io("renaming to", &real))?;
+            }
+        }
+        self.done(idx)
+    }
+
+    async fn apply(&mut self, step: &Step, req: &InstallRequest) -> Result<(), InstallError> {
+        match step {
+            Step::Download {
+                name,
+                artifact,
+                bundle,
+            } => self.download(name, artifact, *bundle).await,
+            Step::VerifyVersions => self.verify_versions(&req.kubernetes_version).await,
+            Step::SwapOff => self.swapoff().await,
+            Step::Fstab => self.fstab().await,
+            Step::File {
+                path,
+                content,
+                mode,
+            } => {
+                let src = match content {
+                    Content::Text(t) => {
+                        let p = self.download_dir.join(".text-content");
+                        std::fs::create_dir_all(self.download_dir)
+                            .map_err(InstallError::io("creating", self.download_dir))?;
+                        std::fs::write(&p, t).map_err(InstallError::io("writing", &p))?;
+                        p
+                    }
+                    Content::Artifact(n) => self
+                        .downloads
+                        .get(n)
+                        .cloned()
+                        .ok_or_else(|| invalid(format!("artifact {n} was not downloaded")))?,
+                };
+                let r = self.put(path, Put::File(&src, *mode));
+                if matches!(content, Content::Text(_)) {
+                    let _ = std::fs::remove_file(&src);
+                }
+                r
+            }
+            Step::Bundle { name, dest } => {
+                let staging = self
+                    .downloads
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| invalid(format!("bundle {name} was not downloaded")))?;
+                self.install_tree(&staging, dest)
+            }
+            Step::Sysctls => self.sysctls(),
+            Step::Restart {
+                unit,
+                warn_only,
+                after,
+            } => {
+                if after.iter().any(|k| self.recorded(k)) {
+                    self.restart(unit, *warn_only).await?;
+                }
+                Ok(())
+            }
+            Step::ContainerdConfig => self.containerd_config().await,
+            Step::ContainerdService => self.containerd_service().await,
+            Step::DaemonReload => self
+                .units
+                .daemon_reload()
+                .await
+                .map_err(InstallError::unit("reloading unit files for", "-")),
+            Step::Enable(unit) => self.enable(unit).await,
+            Step::Start(unit) => self.start(unit).await,
+            Step::Packages(p) => p.apply(self).await,
+        }
+    }
+
+    async fn download(
+        &mut self,
+        name: &'static str,
+        a: &Artifact,
+        bundle: bool,
+    ) -> Result<(), InstallError> {
+        let dir = self.download_dir;
+        std::fs::create_dir_all(dir).map_err(InstallError::io("creating", dir))?;
+        let dest = dir.join(format!("{name}-{}", a.sha256));
+        let key = format!("download:{}", dest.display());
+        let have = dest.is_file() && download::sha256_file(&dest)? == a.sha256;
+        if !have {
+            let idx = match self.lookup(&key) {
+                Lookup::Pending(i, _) => Some(i),
+                Lookup::New => Some(self.record(Change::Downloaded { path: dest.clone() })?),
+                Lookup::Done => None,
+            };
+            tracing::info!(artifact = name, url = %download::redact_url(&a.url), "downloading");
+            download::download(&a.url, &dest, Some(&a.sha256)).await?;
+            if let Some(i) = idx {
+                self.done(i)?;
+            }
+        } else if let Lookup::Pending(i, _) = self.lookup(&key) {
+            self.done(i)?;
+        } else if let Lookup::New = self.lookup(&key) {
+            // Verified, but not recorded (downloaded by hand): still ours to clean up.
+            let i = self.record(Change::Downloaded { path: dest.clone() })?;
+            self.done(i)?;
+        }
+        if !bundle {
+            self.downloads.insert(name, dest);
+            return Ok(());
+        }
+        let staging = dir.join(format!("{name}-{}.d", a.sha256));
+        let skey = format!("download:{}", staging.display());
+        let idx = match self.lookup(&skey) {
+            Lookup::Pending(i, _) => Some(i),
+            Lookup::New => Some(self.record(Change::Downloaded {
+                path: staging.clone(),
+            })?),
+            Lookup::Done => None,
+        };
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).map_err(InstallError::io("removing", &staging))?;
+        }
+        std::fs::create_dir_all(&staging).map_err(InstallError::io("creating", &staging))?;
+        download::extract_bundle(&dest, &staging, &a.url)?;
+        if let Some(i) = idx {
+            self.done(i)?;
+        }
+        self.downloads.insert(name, staging);
+        Ok(())
+    }
+
+    /// Installs every entry of the staging tree under host directory `dest`, in sorted order
+    /// (directories before their contents).
+    fn install_tree(&mut self, staging: &Path, dest: &Path) -> Result<(), InstallError> {
+        self.ensure_dir(dest, 0o755)?;
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            let dir = staging.join(&rel);
+            let mut names: Vec<_> = std::fs::read_dir(&dir)
+                .map_err(InstallError::io("reading", &dir))?
+                .filter_map(Result::ok)
+                .map(|e| e.file_name())
+                .collect();
+            names.sort();
+            // Depth-first in sorted order: push subdirectories in reverse.
+            let mut subdirs = Vec::new();
+            for n in names {
+                let r = rel.join(&n);
+                let src = staging.join(&r);
+                let host = dest.join(&r);
+                let m = src
+                    .symlink_metadata()
+                    .map_err(InstallError::io("reading", &src))?;
+                if m.file_type().is_symlink() {
+                    let target =
+                        std::fs::read_link(&src).map_err(InstallError::io("reading", &src))?;
+                    self.put(&host, Put::Symlink(&target))?;
+                } else if m.is_dir() {
+                    self.ensure_dir(&host, m.permissions().mode() & 0o7777)?;
+                    subdirs.push(r);
+                } else {
+                    self.put(&host, Put::File(&src, m.permissions().mode() & 0o7777))?;
+                }
+            }
+            stack.extend(subdirs.into_iter().rev());
+        }
+        Ok(())
+    }
+
+    async fn verify_versions(&mut self, wanted: &str) -> Result<(), InstallError> {
+        let want = bare_version(wanted)?;
+        let checks: [(&'static str, Vec<String>); 2] = [
+            ("kubeadm", argv(&["kubeadm", "version", "-o", "short"])),
+            ("kubelet", argv(&["kubelet", "--version"])),
+        ];
+        for (component, cmd) in checks {
+            let out = self
+                .commands()
+                .output(
+                    &cmd,
+                    SHORT_COMMAND_TIMEOUT,
+                    &format!("install {component} {wanted} or use another source"),
+                )
+                .await?;
+            // `v1.36.3` (kubeadm -o short), `Kubernetes v1.36.3` (kubelet).
+            let found = out.split_whitespace().last().unwrap_or("").to_string();
+            if found.strip_prefix('v').unwrap_or(&found) != want {
+                return Err(InstallError::VersionMismatch {
+                    component,
+                    found: out.trim().to_string(),
+                    wanted: wanted.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn swapoff(&mut self) -> Result<(), InstallError> {
+        let (idx, devices) = match self.lookup("swapoff") {
+            Lookup::Done => return Ok(()),
+            Lookup::Pending(i, Change::SwapDisabled { devices }) => (i, devices),
+            Lookup::Pending(i, _) => (i, Vec::new()),
+            Lookup::New => {
+                let devices = active_swaps(self.root);
+                if devices.is_empty() {
+                    return Ok(());
+                }
+                let i = self.record(Change::SwapDisabled {
+                    devices: devices.clone(),
+                })?;
+                (i, devices)
+            }
+        };
+        for d in &devices {
+            if active_swaps(self.root).contains(d) {
+                self.commands()
+                    .run(
+                        &argv(&["swapoff", d]),
+                        SHORT_COMMAND_TIMEOUT,
+                        "free memory so the swapped pages fit, or turn swap off by hand",
+                    )
+                    .await?;
+            }
+        }
+        self.done(idx)
+    }
+
+    async fn fstab(&mut self) -> Result<(), InstallError> {
+        let host = Path::new("/etc/fstab");
+        let real = self.real(host);
+        let key = format!("fstab:{}", host.display());
+        let (idx, backup) = match self.lookup(&key) {
+            Lookup::Done => return Ok(()),
+            Lookup::Pending(i, Change::FstabSwapCommented { backup, .. }) => (i, backup),
+            Lookup::Pending(..) => return Ok(()),
+            Lookup::New => {
+                let text = std::fs::read_to_string(&real).unwrap_or_default();
+                if !text.lines().any(is_swap_line) {
+                    return Ok(());
+                }
+                let backup = under(&self.backup_dir, host);
+                let i = self.record(Change::FstabSwapCommented {
+                    path: host.into(),
+                    backup: backup.clone(),
+                })?;
+                (i, backup)
+            }
+        };
+        if backup.symlink_metadata().is_err() {
+            copy_entry(&real, &backup)?;
+        }
+        let text = std::fs::read_to_string(&real).map_err(InstallError::io("reading", &real))?;
+        let mut out = String::with_capacity(text.len() + 64);
+        for line in text.split_inclusive('\n') {
+            if is_swap_line(line) {
+                out.push_str(FSTAB_MARKER);
+            }
+            out.push_str(line);
+        }
+        let mode = mode_of(&real)?;
+        crate::fsutil::write_atomic(&real, out.as_bytes(), mode)
+            .map_err(InstallError::io("writing", &real))?;
+        // systemd-fstab-generator made .swap units of those lines: drop them.
+        self.units
+            .daemon_reload()
+            .await
+            .map_err(InstallError::unit("reloading unit files for", "-"))?;
+        self.done(idx)
+    }
+
+    fn sysctls(&mut self) -> Result<(), InstallError> {
+        if !self.recorded(&file_key(SYSCTL_FILE)) {
+            return Ok(());
+        }
+        if let Lookup::New = self.lookup("sysctl") {
+            let values: BTreeMap<String, String> = SYSCTLS
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let previous = SYSCTLS
+                .iter()
+                .map(|(k, _)| (k.to_string(), read_sysctl(self.root, k)))
+                .collect();
+            // Recording is the whole step: the systemd-sysctl restart applies the values.
+            let i = self.record(Change::SysctlsSet { values, previous })?;
+            self.done(i)?;
+        }
+        Ok(())
+    }
+
+    async fn restart(&mut self, unit: &str, warn_only: bool) -> Result<(), InstallError> {
+        let key = format!("restart:{unit}");
+        let idx = match self.lookup(&key) {
+            Lookup::Done => return Ok(()),
+            Lookup::Pending(i, _) => i,
+            Lookup::New => self.record(Change::UnitRestarted {
+                unit: unit.into(),
+                warn_only,
+            })?,
+        };
+        match self.units.restart(unit).await {
+            Ok(()) => {}
+            Err(e) if warn_only => {
+                // In a container (systemd-nspawn) modules cannot be loaded and /proc/sys is
+                // read-only; on a real host a failure here shows in `journalctl -u UNIT`, and
+                // the kubeadm preflight checks report what is missing.
+                self.warn(format!(
+                    "restarting {unit} failed ({e}); the settings apply at the next boot, see journalctl -u {unit}"
+                ))?;
+            }
+            Err(e) => return Err(InstallError::unit("restarting", unit)(e)),
+        }
+        self.done(idx)
+    }
+
+    async fn enable(&mut self, unit: &str) -> Result<(), InstallError> {
+        let key = format!("enable:{unit}");
+        let idx = match self.lookup(&key) {
+            Lookup::Done => return Ok(()),
+            Lookup::Pending(i, _) => i,
+            Lookup::New => {
+                if unit_enabled(self.root, unit) {
+                    return Ok(());
+                }
+                self.record(Change::UnitEnabled { unit: unit.into() })?
+            }
+        };
+        self.units
+            .enable(&[unit])
+            .await
+            .map_err(InstallError::unit("enabling", unit))?;
+        self.done(idx)
+    }
+
+    async fn start(&mut self, unit: &str) -> Result<(), InstallError> {
+        let key = format!("start:{unit}");
+        let idx = match self.lookup(&key) {
+            Lookup::Done => return Ok(()),
+            Lookup::Pending(i, _) => i,
+            Lookup::New => {
+                let st = self
+                    .units
+                    .state(unit)
+                    .await
+                    .map_err(InstallError::unit("reading the state of", unit))?;
+                if st.is_active() {
+                    return Ok(());
+                }
+                self.record(Change::UnitStarted { unit: unit.into() })?
+            }
+        };
+        self.units
+            .start(unit)
+            .await
+            .map_err(InstallError::unit("starting", unit))?;
+        self.done(idx)
+    }
+
+    async fn containerd_config(&mut self) -> Result<(), InstallError> {
+        let host = Path::new(CONTAINERD_CONFIG);
+        let real = self.real(host);
+        if let Lookup::Done = self.lookup(&file_key(CONTAINERD_CONFIG)) {
+            return Ok(());
+        }
+        // The original content: from the backup when a previous attempt already recorded it.
+        let original = match self.lookup(&file_key(CONTAINERD_CONFIG)) {
+            Lookup::Pending(_, Change::FileReplaced { backup, .. }) if backup.exists() => {
+                Some(backup)
+            }
+            Lookup::Pending(_, Change::FileCreated { .. }) => None,
+            _ => real.exists().then(|| real.clone()),
+        };
+        let (text, mode) = match &original {
+            Some(p) => (
+                std::fs::read_to_string(p).map_err(InstallError::io("reading", p))?,
+                mode_of(p)?,
+            ),
+            None => (
+                self.commands()
+                    .output(
+                        &argv(&["containerd", "config", "default"]),
+                        SHORT_COMMAND_TIMEOUT,
+                        "check the containerd installation",
+                    )
+                    .await?,
+                0o644,
+            ),
+        };
+        let Some(patched) =
+            systemd_cgroup(&text).map_err(|message| InstallError::ContainerdConfig {
+                path: host.into(),
+                message,
+            })?
+        else {
+            return Ok(());
+        };
+        let p = self.download_dir.join(".containerd-config");
+        std::fs::create_dir_all(self.download_dir)
+            .map_err(InstallError::io("creating", self.download_dir))?;
+        std::fs::write(&p, patched).map_err(InstallError::io("writing", &p))?;
+        let r = self.put(host, Put::File(&p, mode));
+        let _ = std::fs::remove_file(&p);
+        r
+    }
+
+    async fn containerd_service(&mut self) -> Result<(), InstallError> {
+        self.units
+            .daemon_reload()
+            .await
+            .map_err(InstallError::unit(
+                "reloading unit files for",
+                CONTAINERD_UNIT,
+            ))?;
+        self.enable(CONTAINERD_UNIT).await?;
+        let changed = self.recorded(&file_key(CONTAINERD_CONFIG))
+            || self
+                .manifest
+                .spec
+                .tarball
+                .as_ref()
+                .is_some_and(|t| t.containerd.is_some());
+        let active = self
+            .units
+            .state(CONTAINERD_UNIT)
+            .await
+            .map_err(InstallError::unit("reading the state of", CONTAINERD_UNIT))?
+            .is_active();
+        if active && changed && !self.recorded(&format!("start:{CONTAINERD_UNIT}")) {
+            self.restart(CONTAINERD_UNIT, false).await
+        } else {
+            self.start(CONTAINERD_UNIT).await
+        }
+    }
+}
+
+/// Sets `SystemdCgroup = true` for the runc runtime of a containerd config (version 2:
+/// `io.containerd.grpc.v1.cri`, version 3: `io.containerd.cri.v1.runtime`). `Ok(None)` when it
+/// is already set.
+pub fn systemd_cgroup(text: &str) -> Result<Option<String>, String> {
+    let mut doc: toml::Table = text.parse().map_err(|e| format!("not valid TOML: {e}"))?;
+    let version = doc.get("version").and_then(toml::Value::as_integer);
+    let plugin = match version {
+        Some(2) => "io.containerd.grpc.v1.cri",
+        Some(3) => "io.containerd.cri.v1.runtime",
+        other => {
+            return Err(format!(
+                "config version {} is not supported (2 or 3); migrate it with `containerd config migrate`",
+                other.map_or("1 (no version key)".to_string(), |v| v.to_string())
+            ));
+        }
+    };
+    let mut t = &mut doc;
+    for k in ["plugins", plugin, "containerd", "runtimes", "runc"] {
+        let v = t
+            .entry(k.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = v
+            .as_table_mut()
+            .ok_or_else(|| format!("{k} is not a table"))?;
+    }
+    let runc = t;
+    runc.entry("runtime_type".to_string())
+        .or_insert_with(|| toml::Value::String("io.containerd.runc.v2".into()));
+    let options = runc
+        .entry("options".to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or("runc options is not a table")?;
+    if options.get("SystemdCgroup").and_then(toml::Value::as_bool) == Some(true) {
+        return Ok(None);
+    }
+    options.insert("SystemdCgroup".into(), toml::Value::Boolean(true));
+    let mut out = String::from(
+        "# SystemdCgroup = true set by byoh-agent for the kubelet's systemd cgroup driver; the original is restored when the host is released.\n",
+    );
+    out.push_str(&toml::to_string(&doc).map_err(|e| e.to_string())?);
+    Ok(Some(out))
+}
+
+fn mode_of(p: &Path) -> Result<u32, InstallError> {
+    Ok(std::fs::metadata(p)
+        .map_err(InstallError::io("reading", p))?
+        .permissions()
+        .mode()
+        & 0o7777)
+}
+
+/// Whether the entry at `real` (metadata `m`) is already what `what` puts there.
+fn same_as(real: &Path, m: &std::fs::Metadata, what: &Put<'_>) -> Result<bool, InstallError> {
+    Ok(match what {
+        Put::Symlink(t) => {
+            m.file_type().is_symlink() && std::fs::read_link(real).is_ok_and(|l| l == *t)
+        }
+        Put::File(src, mode) => {
+            m.is_file()
+                && m.permissions().mode() & 0o7777 == *mode
+                && m.len()
+                    == std::fs::metadata(src)
+                        .map_err(InstallError::io("reading", src))?
+                        .len()
+                && download::sha256_file(real)? == download::sha256_file(src)?
+        }
+    })
+}
+
+/// The fixed temporary name beside `real` (`.<name>.byoh-tmp`), removed by uninstall too.
+fn tmp_sibling(real: &Path) -> PathBuf {
+    let name = real
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    real.with_file_name(format!(".{name}.byoh-tmp"))
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Copies `src` to `dest` through a temporary sibling (fsync, rename), with `mode`.
+fn install_file(src: &Path, dest: &Path, mode: u32) -> Result<(), InstallError> {
+    let tmp = tmp_sibling(dest);
+    let _ = std::fs::remove_file(&tmp);
+    let r = (|| {
+        let mut from = std::fs::File::open(src)?;
+        let mut to = std::fs::File::create(&tmp)?;
+        std::io::copy(&mut from, &mut to)?;
+        to.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        to.sync_all()?;
+        std::fs::rename(&tmp, dest)
+    })();
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(InstallError::io("writing", dest)(e));
+    }
+    if let Some(d) = dest.parent() {
+        sync_dir(d);
+    }
+    Ok(())
+}
+
+/// Copies the file or symlink `src` to `dest` (parents created), keeping mode and owner,
+/// atomically.
+fn copy_entry(src: &Path, dest: &Path) -> Result<(), InstallError> {
+    if let Some(d) = dest.parent() {
+        std::fs::create_dir_all(d).map_err(InstallError::io("creating", d))?;
+    }
+    let m = src
+        .symlink_metadata()
+        .map_err(InstallError::io("reading", src))?;
+    let tmp = tmp_sibling(dest);
+    let _ = std::fs::remove_file(&tmp);
+    if m.file_type().is_symlink() {
+        let t = std::fs::read_link(src).map_err(InstallError::io("reading", src))?;
+        std::os::unix::fs::symlink(&t, &tmp).map_err(InstallError::io("creating", &tmp))?;
+    } else {
+        install_file(src, &tmp, m.permissions().mode() & 0o7777)?;
+        let _ = std::os::unix::fs::chown(&tmp, Some(m.uid()), Some(m.gid()));
+    }
+    std::fs::rename(&tmp, dest).map_err(InstallError::io("renaming to", dest))?;
+    if let Some(d) = dest.parent() {
+        sync_dir(d);
+    }
+    Ok(())
+}
+
+/// Reverts everything the manifest at `manifest_path` records, last change first, then
+/// deletes the manifest and its backups. Each revert is idempotent: what is already gone is
+/// skipped, so an interrupted uninstall is simply run again. Without a manifest, nothing to do.
+///
+/// # Errors
+/// [`InstallError`] of the first revert that failed; the manifest is then kept.
+pub async fn uninstall(
+    manifest_path: &Path,
+    root: &Path,
+    units: &impl UnitManager,
+    runner: &impl CommandRunner,
+) -> Result<(), InstallError> {
+    let Some(manifest) = InstallManifest::load(manifest_path)? else {
+        return Ok(());
+    };
+    let scratch = manifest_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let cmds = Commands {
+        runner,
+        scratch: &scratch,
+    };
+    let mut restart_at_end: Vec<String> = Vec::new();
+    let mut apt_update_at_end = false;
+    for entry in manifest.changes.iter().rev() {
+        let change = &entry.change;
+        tracing::info!(revert = %change.describe_revert(), "uninstall");
+        match change {
+            Change::Downloaded { path } => {
+                let _ = std::fs::remove_file(download::part_path(path));
+                remove_any(path)?;
+            }
+            Change::DirCreated { path } => {
+                let real = under(root, path);
+                match std::fs::remove_dir(&real) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                        tracing::warn!(
+                            path = %path.display(),
+                            "kept the directory the install created: something else put files in it"
+                        );
+                    }
+                    Err(e) => return Err(InstallError::io("removing", &real)(e)),
+                }
+            }
+            Change::FileCreated { path } | Change::SymlinkCreated { path, .. } => {
+                let real = under(root, path);
+                let _ = std::fs::remove_file(tmp_sibling(&real));
+                match std::fs::remove_file(&real) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(InstallError::io("removing", &real)(e)),
+                }
+            }
+            Change::FileReplaced { path, backup } => {
+                let real = under(root, path);
+                let _ = std::fs::remove_file(tmp_sibling(&real));
+                if backup.symlink_metadata().is_ok() {
+                    copy_entry(backup, &real)?;
+                    remove_any(backup)?;
+                }
+            }
+            Change::UnitEnabled { unit } => {
+                let st = units
+                    .state(unit)
+                    .await
+                    .map_err(InstallError::unit("reading the state of", unit))?;
+                if st.load_state != "not-found" {
+                    units
+                        .disable(&[unit])
+                        .await
+                        .map_err(InstallError::unit("disabling", unit))?;
+                }
+            }
+            Change::UnitStarted { unit } => {
+                let st = units
+                    .state(unit)
+                    .await
+                    .map_err(InstallError::unit("reading the state of", unit))?;
+                if st.load_state != "not-found" && st.active_state != "inactive" {
+                    units
+                        .stop(unit)
+                        .await
+                        .map_err(InstallError::unit("stopping", unit))?;
+                }
+            }
+            Change::UnitRestarted { unit, warn_only } => {
+                if !warn_only && !restart_at_end.contains(unit) {
+                    restart_at_end.push(unit.clone());
+                }
+            }
+            Change::SwapDisabled { devices } => {
+                for d in devices {
+                    if !active_swaps(root).contains(d)
+                        && let Err(e) = cmds
+                            .run(&argv(&["swapon", d]), SHORT_COMMAND_TIMEOUT, "")
+                            .await
+                    {
+                        tracing::warn!("turning swap back on: {e}");
+                    }
+                }
+            }
+            Change::FstabSwapCommented { path, backup } => {
+                let real = under(root, path);
+                if let Ok(text) = std::fs::read_to_string(&real)
+                    && text.contains(FSTAB_MARKER)
+                {
+                    let restored: String = text
+                        .split_inclusive('\n')
+                        .map(|l| l.strip_prefix(FSTAB_MARKER).unwrap_or(l))
+                        .collect();
+                    crate::fsutil::write_atomic(&real, restored.as_bytes(), mode_of(&real)?)
+                        .map_err(InstallError::io("writing", &real))?;
+                }
+                remove_any(backup)?;
+            }
+            Change::SysctlsSet { values, previous } => {
+                for (k, set) in values {
+                    let Some(Some(prev)) = previous.get(k) else {
+                        continue;
+                    };
+                    if prev != set && read_sysctl(root, k).as_deref() == Some(set.as_str()) {
+                        let p = sysctl_path(root, k);
+                        if let Err(e) = std::fs::write(&p, format!("{prev}\n")) {
+                            tracing::warn!(
+                                "writing {k}={prev} back: {e} (read-only /proc/sys in a container?)"
+                            );
+                        }
+                    }
+                }
+            }
+            Change::AptUpdated => apt_update_at_end = true,
+            Change::PackagesInstalled { .. } | Change::PackagesHeld { .. } => {
+                packages::revert(change, &cmds).await?;
+            }
+        }
+    }
+    units
+        .daemon_reload()
+        .await
+        .map_err(InstallError::unit("reloading unit files for", "-"))?;
+    for unit in &restart_at_end {
+        let st = units
+            .state(unit)
+            .await
+            .map_err(InstallError::unit("reading the state of", unit))?;
+        if st.is_active() {
+            units
+                .restart(unit)
+                .await
+                .map_err(InstallError::unit("restarting", unit))?;
+        }
+    }
+    if apt_update_at_end
+        && let Err(e) = cmds
+            .run(
+                &argv(&["apt-get", "update", "-q"]),
+                PACKAGE_COMMAND_TIMEOUT,
+                "",
+            )
+            .await
+    {
+        tracing::warn!("apt-get update after removing the Kubernetes source: {e}");
+    }
+    let backups = backup_dir(manifest_path);
+    if backups.exists() {
+        std::fs::remove_dir_all(&backups).map_err(InstallError::io("removing", &backups))?;
+    }
+    match std::fs::remove_file(manifest_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(InstallError::io("removing", manifest_path)(e)),
+    }
+    if let Some(d) = manifest_path.parent() {
+        sync_dir(d);
+    }
+    tracing::info!("uninstall complete");
+    Ok(())
+}
+
+fn remove_any(path: &Path) -> Result<(), InstallError> {
+    let r = match path.symlink_metadata() {
+        Err(_) => return Ok(()),
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+    };
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(InstallError::io("removing", path)(e)),
+    }
+}

@@ -1,0 +1,463 @@
+//! The `packages` source: an apt (deb822 `.sources` + keyring) or dnf (`.repo`) repository,
+//! exact versions of kubeadm, kubelet and kubectl, held against upgrades.
+//!
+//! apt: the key from `keyURL` goes to /etc/apt/keyrings/byoh-kubernetes.asc (ASCII-armored) or
+//! `.gpg` (binary), the source to /etc/apt/sources.list.d/byoh-kubernetes.sources (`Suites: /`,
+//! the flat layout of pkgs.k8s.io), then `apt-get update`, `apt-get install PKG=VERSION...` and
+//! `apt-mark hold`. dnf: /etc/yum.repos.d/byoh-kubernetes.repo with `gpgkey=keyURL` and
+//! `exclude=` of the packages (the hold: plain `dnf upgrade` leaves them alone without the
+//! versionlock plugin), then `dnf install --disableexcludes=byoh-kubernetes PKG-VERSION...`.
+//! The installed package set is listed before and after, and exactly the packages added
+//! (dependencies included) are recorded, so uninstall removes those and nothing else.
+
+use super::{
+    Change, Commands, Ctx, InstallError, Lookup, PACKAGE_COMMAND_TIMEOUT, PackageManager, Put,
+    SHORT_COMMAND_TIMEOUT, argv, bare_version, download,
+};
+use crate::cloudinit::CommandRunner;
+use crate::systemd::UnitManager;
+use byoh_api::installer::PackagesSource;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The apt source file.
+pub const APT_SOURCE: &str = "/etc/apt/sources.list.d/byoh-kubernetes.sources";
+/// The apt keyring, without its extension (`.asc` or `.gpg`).
+pub const APT_KEYRING_STEM: &str = "/etc/apt/keyrings/byoh-kubernetes";
+/// The dnf repository file.
+pub const DNF_REPO: &str = "/etc/yum.repos.d/byoh-kubernetes.repo";
+/// The dnf repository id.
+pub const DNF_REPO_ID: &str = "byoh-kubernetes";
+/// The packages installed.
+pub const PACKAGES: &[&str] = &["kubeadm", "kubelet", "kubectl"];
+
+/// The packages source resolved for one host.
+#[derive(Clone, Debug)]
+pub struct PackageSteps {
+    manager: PackageManager,
+    repository: String,
+    key_url: String,
+    version: String,
+}
+
+impl PackageSteps {
+    /// `kubernetes_version` must already be validated (`super::bare_version`).
+    pub fn new(p: &PackagesSource, manager: PackageManager, kubernetes_version: &str) -> Self {
+        let bare = bare_version(kubernetes_version).unwrap_or_default();
+        let version = match (&p.version_pin, manager) {
+            (Some(pin), _) => pin.clone(),
+            // pkgs.k8s.io names its debs `1.36.3-1.1`.
+            (None, PackageManager::Apt) => format!("{bare}-1.1"),
+            (None, PackageManager::Dnf) => bare,
+        };
+        let repository = match manager {
+            PackageManager::Apt => p.apt_repository.clone(),
+            PackageManager::Dnf => p.dnf_repository.clone(),
+        }
+        .unwrap_or_default();
+        PackageSteps {
+            manager,
+            repository,
+            key_url: p.key_url.clone().unwrap_or_default(),
+            version,
+        }
+    }
+
+    /// `kubeadm=1.36.3-1.1` (apt) or `kubeadm-1.36.3` (dnf) for each package.
+    fn requested(&self) -> Vec<String> {
+        let sep = match self.manager {
+            PackageManager::Apt => "=",
+            PackageManager::Dnf => "-",
+        };
+        PACKAGES
+            .iter()
+            .map(|p| format!("{p}{sep}{}", self.version))
+            .collect()
+    }
+
+    pub(super) fn plan(&self) -> Vec<String> {
+        let key = download::redact_url(&self.key_url);
+        let repo = download::redact_url(&self.repository);
+        match self.manager {
+            PackageManager::Apt => vec![
+                format!(
+                    "fetch the signing key {key} into {APT_KEYRING_STEM}.asc (.gpg if not armored)"
+                ),
+                format!("create {APT_SOURCE} (URIs: {repo}, Suites: /)"),
+                "apt-get update".into(),
+                format!(
+                    "apt-get install {} (refused if another version is installed); record every package added",
+                    self.requested().join(" ")
+                ),
+                format!("apt-mark hold {}", PACKAGES.join(" ")),
+            ],
+            PackageManager::Dnf => vec![
+                format!(
+                    "create {DNF_REPO} (baseurl {repo}, gpgkey {key}, exclude={})",
+                    PACKAGES.join(" ")
+                ),
+                format!(
+                    "dnf install --disableexcludes={DNF_REPO_ID} {} (refused if another version is installed); record every package added",
+                    self.requested().join(" ")
+                ),
+            ],
+        }
+    }
+
+    pub(super) async fn apply<U: UnitManager, R: CommandRunner>(
+        &self,
+        ctx: &mut Ctx<'_, U, R>,
+    ) -> Result<(), InstallError> {
+        match self.manager {
+            PackageManager::Apt => {
+                let keyring = self.fetch_key(ctx).await?;
+                let source = format!(
+                    "# Written by byoh-agent (K8sInstallerConfig packages source); removed when the host is released.\n\
+                     Types: deb\nURIs: {}\nSuites: /\nSigned-By: {}\n",
+                    self.repository,
+                    keyring.display()
+                );
+                put_text(ctx, Path::new(APT_SOURCE), &source)?;
+                let idx = match ctx.lookup("apt-update") {
+                    Lookup::Done => None,
+                    Lookup::Pending(i, _) => Some(i),
+                    Lookup::New => Some(ctx.record(Change::AptUpdated)?),
+                };
+                if let Some(i) = idx {
+                    ctx.commands()
+                        .run(
+                            &argv(&["apt-get", "update", "-q"]),
+                            PACKAGE_COMMAND_TIMEOUT,
+                            "check the repository URL and this host's network",
+                        )
+                        .await?;
+                    ctx.done(i)?;
+                }
+                let installed = self.install(ctx).await?;
+                if installed.is_empty() {
+                    return Ok(());
+                }
+                let idx = match ctx.lookup("packages-hold") {
+                    Lookup::Done => return Ok(()),
+                    Lookup::Pending(i, _) => i,
+                    Lookup::New => ctx.record(Change::PackagesHeld {
+                        packages: installed.clone(),
+                    })?,
+                };
+                let mut cmd = argv(&["apt-mark", "hold"]);
+                cmd.extend(installed);
+                ctx.commands()
+                    .run(&cmd, SHORT_COMMAND_TIMEOUT, "hold the packages by hand")
+                    .await?;
+                ctx.done(idx)
+            }
+            PackageManager::Dnf => {
+                let repo = format!(
+                    "# Written by byoh-agent (K8sInstallerConfig packages source); removed when the host is released.\n\
+                     [{DNF_REPO_ID}]\nname=Kubernetes (byoh-agent)\nbaseurl={}\nenabled=1\ngpgcheck=1\ngpgkey={}\nexclude={}\n",
+                    self.repository,
+                    self.key_url,
+                    PACKAGES.join(" ")
+                );
+                put_text(ctx, Path::new(DNF_REPO), &repo)?;
+                self.install(ctx).await.map(|_| ())
+            }
+        }
+    }
+
+    /// Downloads the key and installs it as the keyring; returns its host path.
+    async fn fetch_key<U: UnitManager, R: CommandRunner>(
+        &self,
+        ctx: &mut Ctx<'_, U, R>,
+    ) -> Result<PathBuf, InstallError> {
+        std::fs::create_dir_all(ctx.download_dir)
+            .map_err(InstallError::io("creating", ctx.download_dir))?;
+        let dest = ctx.download_dir.join("apt-signing-key");
+        let key = format!("download:{}", dest.display());
+        let idx = match ctx.lookup(&key) {
+            Lookup::New => Some(ctx.record(Change::Downloaded { path: dest.clone() })?),
+            Lookup::Pending(i, _) => Some(i),
+            Lookup::Done => None,
+        };
+        download::download(&self.key_url, &dest, None).await?;
+        if let Some(i) = idx {
+            ctx.done(i)?;
+        }
+        let bytes = std::fs::read(&dest).map_err(InstallError::io("reading", &dest))?;
+        let ext = if bytes.starts_with(b"-----BEGIN PGP") {
+            "asc"
+        } else {
+            "gpg"
+        };
+        let keyring = PathBuf::from(format!("{APT_KEYRING_STEM}.{ext}"));
+        ctx.put(&keyring, Put::File(&dest, 0o644))?;
+        Ok(keyring)
+    }
+
+    /// Installs the packages not installed yet; returns the names it installed.
+    async fn install<U: UnitManager, R: CommandRunner>(
+        &self,
+        ctx: &mut Ctx<'_, U, R>,
+    ) -> Result<Vec<String>, InstallError> {
+        let (idx, requested, before) = match ctx.lookup("packages-install") {
+            Lookup::Done => {
+                return Ok(
+                    match ctx
+                        .manifest
+                        .changes
+                        .iter()
+                        .find(|e| e.change.key() == "packages-install")
+                    {
+                        Some(super::Entry {
+                            change: Change::PackagesInstalled { requested, .. },
+                            ..
+                        }) => requested.iter().map(|r| name_of(r, self.manager)).collect(),
+                        _ => Vec::new(),
+                    },
+                );
+            }
+            Lookup::Pending(
+                i,
+                Change::PackagesInstalled {
+                    requested, before, ..
+                },
+            ) => (i, requested, before),
+            Lookup::Pending(..) => return Ok(Vec::new()),
+            Lookup::New => {
+                let before = snapshot(&ctx.commands(), self.manager).await?;
+                let versions = versions_of(&before, self.manager);
+                let mut requested = Vec::new();
+                for (p, wanted) in PACKAGES.iter().zip(self.requested()) {
+                    match versions.get(*p) {
+                        None => requested.push(wanted),
+                        Some(v) if version_matches(v, &self.version) => {}
+                        Some(v) => {
+                            return Err(InstallError::PackageConflict {
+                                package: p.to_string(),
+                                installed: v.clone(),
+                                wanted: self.version.clone(),
+                            });
+                        }
+                    }
+                }
+                if requested.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let i = ctx.record(Change::PackagesInstalled {
+                    manager: self.manager,
+                    requested: requested.clone(),
+                    before: before.clone(),
+                    added: None,
+                })?;
+                (i, requested, before)
+            }
+        };
+        let mut cmd = match self.manager {
+            PackageManager::Apt => argv(&[
+                "env",
+                "DEBIAN_FRONTEND=noninteractive",
+                "apt-get",
+                "install",
+                "-y",
+                "-q",
+                "-o",
+                "Dpkg::Options::=--force-confdef",
+                "-o",
+                "Dpkg::Options::=--force-confold",
+            ]),
+            PackageManager::Dnf => vec![
+                "dnf".into(),
+                "install".into(),
+                "-y".into(),
+                format!("--disableexcludes={DNF_REPO_ID}"),
+            ],
+        };
+        cmd.extend(requested.iter().cloned());
+        ctx.commands()
+            .run(
+                &cmd,
+                PACKAGE_COMMAND_TIMEOUT,
+                "check that the repository has these versions (packages.versionPin)",
+            )
+            .await?;
+        let after = snapshot(&ctx.commands(), self.manager).await?;
+        let added: Vec<String> = after
+            .iter()
+            .filter(|l| !before.contains(l))
+            .map(|l| removal_name(l, self.manager))
+            .collect();
+        ctx.update(
+            idx,
+            Change::PackagesInstalled {
+                manager: self.manager,
+                requested: requested.clone(),
+                before: Vec::new(),
+                added: Some(added),
+            },
+        )?;
+        Ok(requested.iter().map(|r| name_of(r, self.manager)).collect())
+    }
+}
+
+fn put_text<U: UnitManager, R: CommandRunner>(
+    ctx: &mut Ctx<'_, U, R>,
+    host: &Path,
+    text: &str,
+) -> Result<(), InstallError> {
+    std::fs::create_dir_all(ctx.download_dir)
+        .map_err(InstallError::io("creating", ctx.download_dir))?;
+    let p = ctx.download_dir.join(".text-content");
+    std::fs::write(&p, text).map_err(InstallError::io("writing", &p))?;
+    let r = ctx.put(host, Put::File(&p, 0o644));
+    let _ = std::fs::remove_file(&p);
+    r
+}
+
+/// Whether an installed version satisfies a wanted one (`1.36.3-1.1` satisfies `1.36.3-1.1`
+/// and, for dnf, `1.36.3`).
+fn version_matches(installed: &str, wanted: &str) -> bool {
+    installed == wanted || installed.starts_with(&format!("{wanted}-"))
+}
+
+/// `kubeadm=1.36.3-1.1` / `kubeadm-1.36.3` → `kubeadm`.
+fn name_of(requested: &str, manager: PackageManager) -> String {
+    match manager {
+        PackageManager::Apt => requested.split('=').next().unwrap_or(requested).into(),
+        PackageManager::Dnf => PACKAGES
+            .iter()
+            .find(|p| requested.starts_with(&format!("{p}-")))
+            .map_or(requested.to_string(), |p| p.to_string()),
+    }
+}
+
+/// A snapshot line `name version` → what removes it: the name (apt) or `name-version` (dnf,
+/// exact; `gpg-pubkey-KEYID-DATE` for imported keys).
+fn removal_name(line: &str, manager: PackageManager) -> String {
+    let mut it = line.split_whitespace();
+    let name = it.next().unwrap_or("");
+    match (manager, it.next()) {
+        (PackageManager::Dnf, Some(v)) => format!("{name}-{v}"),
+        _ => name.to_string(),
+    }
+}
+
+fn versions_of(snapshot: &[String], _manager: PackageManager) -> BTreeMap<String, String> {
+    snapshot
+        .iter()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            Some((it.next()?.to_string(), it.next()?.to_string()))
+        })
+        .collect()
+}
+
+/// The installed packages as `name version` lines, sorted.
+async fn snapshot<R: CommandRunner>(
+    cmds: &Commands<'_, R>,
+    manager: PackageManager,
+) -> Result<Vec<String>, InstallError> {
+    let mut lines: Vec<String> = match manager {
+        PackageManager::Apt => cmds
+            .output(
+                &argv(&[
+                    "dpkg-query",
+                    "-W",
+                    "-f",
+                    "${db:Status-Abbrev} ${Package} ${Version}\\n",
+                ]),
+                SHORT_COMMAND_TIMEOUT,
+                "check dpkg",
+            )
+            .await?
+            .lines()
+            // `db:Status-Abbrev` is want, status, error (`ii `, `hi `, `rc `): keep what is
+            // unpacked in some way, not `n` (not installed) nor `c` (config files only).
+            .filter(|l| !matches!(l.chars().nth(1), Some('n' | 'c') | None))
+            .filter_map(|l| {
+                let mut it = l.split_whitespace().skip(1);
+                Some(format!("{} {}", it.next()?, it.next()?))
+            })
+            .collect(),
+        PackageManager::Dnf => cmds
+            .output(
+                &argv(&["rpm", "-qa", "--qf", "%{NAME} %{VERSION}-%{RELEASE}\\n"]),
+                SHORT_COMMAND_TIMEOUT,
+                "check rpm",
+            )
+            .await?
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect(),
+    };
+    lines.sort();
+    lines.dedup();
+    Ok(lines)
+}
+
+/// Reverts a package change: unhold, or purge/remove the packages added that are still there.
+pub(super) async fn revert<R: CommandRunner>(
+    change: &Change,
+    cmds: &Commands<'_, R>,
+) -> Result<(), InstallError> {
+    match change {
+        Change::PackagesHeld { packages } => {
+            let present = present(cmds, PackageManager::Apt, packages).await?;
+            if !present.is_empty() {
+                let mut cmd = argv(&["apt-mark", "unhold"]);
+                cmd.extend(present);
+                cmds.run(&cmd, SHORT_COMMAND_TIMEOUT, "unhold the packages by hand")
+                    .await?;
+            }
+        }
+        Change::PackagesInstalled {
+            manager,
+            requested,
+            added,
+            ..
+        } => {
+            let wanted: Vec<String> = match added {
+                Some(a) => a.clone(),
+                None => requested.iter().map(|r| name_of(r, *manager)).collect(),
+            };
+            let present = present(cmds, *manager, &wanted).await?;
+            if present.is_empty() {
+                return Ok(());
+            }
+            let mut cmd = match manager {
+                PackageManager::Apt => argv(&[
+                    "env",
+                    "DEBIAN_FRONTEND=noninteractive",
+                    "apt-get",
+                    "purge",
+                    "-y",
+                    "-q",
+                ]),
+                PackageManager::Dnf => argv(&["dnf", "remove", "-y"]),
+            };
+            cmd.extend(present);
+            cmds.run(
+                &cmd,
+                PACKAGE_COMMAND_TIMEOUT,
+                "remove the packages by hand, then run uninstall again",
+            )
+            .await?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Those of `names` (apt names, dnf `name-version-release`) still installed.
+async fn present<R: CommandRunner>(
+    cmds: &Commands<'_, R>,
+    manager: PackageManager,
+    names: &[String],
+) -> Result<Vec<String>, InstallError> {
+    let have: Vec<String> = snapshot(cmds, manager)
+        .await?
+        .iter()
+        .map(|l| removal_name(l, manager))
+        .collect();
+    Ok(names.iter().filter(|n| have.contains(n)).cloned().collect())
+}
