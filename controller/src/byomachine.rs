@@ -311,15 +311,39 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
     let n = names(&bm)?;
     let api: Api<ByoMachine> = Api::namespaced(ctx.client.clone(), &n.ns);
     let cluster_name = bm.labels().get(labels::CLUSTER_NAME).cloned();
-    let cluster = match &cluster_name {
-        Some(c) => capi::clusters(ctx.client.clone(), &n.ns)
-            .get_opt(c)
-            .await
-            .map_err(Error::kube(format!("reading Cluster {}/{c}", n.ns)))?,
-        None => None,
+    let machine_name = owner_machine(&bm);
+    // The cached Cluster and Machine decide, unless they say "wait" (paused, missing, not
+    // ready): then the API server is asked, so a stale cache never parks a ByoMachine.
+    let mut cluster = cluster_name.as_deref().and_then(|c| {
+        ctx.clusters
+            .get(&ObjectRef::new_with(c, capi::cluster_resource()).within(&n.ns))
+    });
+    let mut machine = machine_name.as_deref().and_then(|m| {
+        ctx.machines
+            .get(&ObjectRef::new_with(m, capi::machine_resource()).within(&n.ns))
+    });
+    let blocked = match (&cluster, &machine) {
+        (Some(c), Some(m)) => capi::cluster_paused(c) || gate(m, c).is_some(),
+        _ => true,
     };
+    if blocked {
+        if let Some(c) = &cluster_name {
+            cluster = capi::clusters(ctx.client.clone(), &n.ns)
+                .get_opt(c)
+                .await
+                .map_err(Error::kube(format!("reading Cluster {}/{c}", n.ns)))?
+                .map(Arc::new);
+        }
+        if let Some(m) = &machine_name {
+            machine = capi::machines(ctx.client.clone(), &n.ns)
+                .get_opt(m)
+                .await
+                .map_err(Error::kube(format!("reading Machine {}/{m}", n.ns)))?
+                .map(Arc::new);
+        }
+    }
     let paused = bm.annotations().contains_key(labels::PAUSED)
-        || cluster.as_ref().is_some_and(capi::cluster_paused);
+        || cluster.as_deref().is_some_and(capi::cluster_paused);
     let generation = bm.meta().generation;
     let mut status = bm.status.clone().unwrap_or_default();
     if paused {
@@ -368,21 +392,11 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
         });
     }
 
-    let Some(machine_name) = owner_machine(&bm) else {
+    if machine_name.is_none() {
         tracing::debug!(byomachine = %n.name, "no owner Machine yet");
         return Ok(Action::await_change());
-    };
-    let Some(machine) = capi::machines(ctx.client.clone(), &n.ns)
-        .get_opt(&machine_name)
-        .await
-        .map_err(Error::kube(format!(
-            "reading Machine {}/{machine_name}",
-            n.ns
-        )))?
-    else {
-        return Ok(Action::requeue(Duration::from_secs(10)));
-    };
-    let Some(cluster) = cluster else {
+    }
+    let (Some(machine), Some(cluster)) = (machine, cluster) else {
         return Ok(Action::requeue(Duration::from_secs(10)));
     };
     let object = format!("ByoMachine {}/{}", n.ns, n.name);
@@ -399,6 +413,31 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
         object,
         source: Box::new(e),
     })
+}
+
+/// What a ByoMachine still waits for before it may claim a host: the Cluster's
+/// infrastructure, the bootstrap data, and (workers only) an initialized control plane.
+/// Returns the `Ready=False` reason and message.
+pub fn gate(machine: &Machine, cluster: &Cluster) -> Option<(&'static str, &'static str)> {
+    if !capi::infrastructure_provisioned(cluster) {
+        return Some((
+            reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+            "Cluster status.initialization.infrastructureProvisioned is not true",
+        ));
+    }
+    if machine.spec.bootstrap.data_secret_name.is_none() {
+        return Some((
+            reasons::WAITING_FOR_BOOTSTRAP_DATA,
+            "Machine spec.bootstrap.dataSecretName is not set",
+        ));
+    }
+    if !capi::is_control_plane(machine) && !capi::control_plane_initialized(cluster) {
+        return Some((
+            reasons::WAITING_FOR_CONTROL_PLANE,
+            "worker Machines wait for the control plane to be initialized",
+        ));
+    }
+    None
 }
 
 fn wait(status: &mut ByoMachineStatus, reason: &str, message: &str, generation: Option<i64>) {
@@ -468,36 +507,17 @@ async fn provision(
             }
             status.host_ref = None;
         }
-        if !capi::infrastructure_provisioned(cluster) {
-            wait(
-                &mut status,
-                reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
-                "Cluster status.initialization.infrastructureProvisioned is not true",
-                generation,
-            );
+        if let Some((reason, message)) = gate(machine, cluster) {
+            wait(&mut status, reason, message, generation);
             apply_status(api, &n.name, &status).await?;
             return Ok(Action::await_change());
         }
-        let Some(secret) = machine.spec.bootstrap.data_secret_name.clone() else {
-            wait(
-                &mut status,
-                reasons::WAITING_FOR_BOOTSTRAP_DATA,
-                "Machine spec.bootstrap.dataSecretName is not set",
-                generation,
-            );
-            apply_status(api, &n.name, &status).await?;
-            return Ok(Action::await_change());
-        };
-        if !capi::is_control_plane(machine) && !capi::control_plane_initialized(cluster) {
-            wait(
-                &mut status,
-                reasons::WAITING_FOR_CONTROL_PLANE,
-                "worker Machines wait for the control plane to be initialized",
-                generation,
-            );
-            apply_status(api, &n.name, &status).await?;
-            return Ok(Action::await_change());
-        }
+        let secret = machine
+            .spec
+            .bootstrap
+            .data_secret_name
+            .clone()
+            .unwrap_or_default();
         let ready_since = *ctx
             .claims()
             .ready_since

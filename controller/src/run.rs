@@ -138,6 +138,11 @@ pub struct Context {
     pub hosts: Store<ByoHost>,
     /// Cache of every watched Lease (a host's Lease has the host's name and namespace).
     pub leases: Store<Lease>,
+    /// Cache of CAPI Clusters (read by the ByoMachine reconciler; confirmed with a read from
+    /// the API server before it decides to wait).
+    pub clusters: Store<crate::capi::Cluster>,
+    /// Cache of CAPI Machines (as [`Context::clusters`]).
+    pub machines: Store<crate::capi::Machine>,
     /// In-process bookkeeping of claims (see [`Claims`]).
     pub claims: Mutex<Claims>,
 }
@@ -384,13 +389,17 @@ async fn run_controllers(
 ) -> Result<(), RunError> {
     let (hosts, hosts_writer) = reflector::store::<ByoHost>();
     let (leases, leases_writer) = reflector::store::<Lease>();
+    let clusters_writer = reflector::store::Writer::new(crate::capi::cluster_resource());
+    let machines_writer = reflector::store::Writer::new(crate::capi::machine_resource());
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
-        settings,
         hosts,
         leases,
+        clusters: clusters_writer.as_reader(),
+        machines: machines_writer.as_reader(),
         claims: Mutex::new(Claims::default()),
+        settings,
     });
 
     // The pool caches. The host stream also clears clean-up marks the agent has honoured
@@ -417,6 +426,25 @@ async fn run_controllers(
     )
     .default_backoff()
     .for_each(|_| futures::future::ready(()));
+
+    let (cluster_api, machine_api) = match &ctx.settings.namespace {
+        Some(ns) => (
+            crate::capi::clusters(client.clone(), ns),
+            crate::capi::machines(client.clone(), ns),
+        ),
+        None => (
+            Api::all_with(client.clone(), &crate::capi::cluster_resource()),
+            Api::all_with(client.clone(), &crate::capi::machine_resource()),
+        ),
+    };
+    let cluster_cache =
+        reflector::reflector(clusters_writer, watcher(cluster_api, ctx.watch_config()))
+            .default_backoff()
+            .for_each(|_| futures::future::ready(()));
+    let machine_cache =
+        reflector::reflector(machines_writer, watcher(machine_api, ctx.watch_config()))
+            .default_backoff()
+            .for_each(|_| futures::future::ready(()));
 
     let gauges_ctx = ctx.clone();
     let gauges = async move {
@@ -468,6 +496,8 @@ async fn run_controllers(
         () = async { tokio::join!(byocluster, byomachine); } => {}
         () = host_cache => {}
         () = lease_cache => {}
+        () = cluster_cache => {}
+        () = machine_cache => {}
         () = gauges => {}
         () = readiness.then(|()| futures::future::pending::<()>()) => {}
         r = csr => return component("CSR approver", r),

@@ -1,0 +1,327 @@
+//! Benchmark of host claims on the real test control plane (`harness = false`).
+//!
+//! Creates a pool of ByoHosts (status `Available`, live Leases) and then ByoMachines (each with
+//! its v1beta2 Machine, bootstrap data set, cluster ready) as fast as the API server takes them,
+//! with `byoh-controller`'s reconcilers running in a **separate process** (this binary
+//! re-executed with `BYOH_BENCH_ROLE=controller`, so that its memory is the controller's own).
+//! It reports:
+//!
+//! - claim latency p50/p99, end to end: from the ByoMachine's creation (the API server's answer)
+//!   to the claim seen on a ByoHost watch; and the controller's own histogram
+//!   `byoh_controller_claim_duration_seconds` (ready-to-claim → claim, queueing excluded);
+//! - the total time from the first ByoMachine created to the last claim;
+//! - 409 conflicts on claim updates;
+//! - the controller process's resident memory (VmRSS and peak VmHWM from `/proc`).
+//!
+//! Targets: p50 ≤ 100 ms, p99 ≤ 500 ms, all claimed ≤ 60 s, RSS ≤ 150 MiB; the run fails when
+//! one is missed. Sizes: `BYOH_BENCH_HOSTS` (default 5000), `BYOH_BENCH_MACHINES` (1000).
+//!
+//! ```text
+//! export BYOH_TEST_KUBECONFIG=$(tests/control-plane/up | tail -1)
+//! cargo bench -p byoh-tests --bench controller_claims
+//! ```
+//!
+//! Without `BYOH_TEST_KUBECONFIG` it prints why it is skipped and exits 0 (as `make bench`
+//! sets it through `tests/run`, it always runs there).
+
+#![allow(clippy::unwrap_used)] // a benchmark: a panic is the failure report
+
+#[path = "../tests/controller_support/mod.rs"]
+mod controller_support;
+
+use byoh_api::ByoHost;
+use byoh_tests::control_plane::{self, TestNamespace};
+use controller_support::*;
+use futures::{StreamExt, TryStreamExt};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ROLE_ENV: &str = "BYOH_BENCH_ROLE";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if std::env::var(ROLE_ENV).as_deref() == Ok("controller") {
+        rt.block_on(controller_role());
+        return;
+    }
+    // `cargo bench` passes `--bench`; any other run (e.g. `cargo test --benches`) only checks
+    // that the benchmark builds.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    rt.block_on(bench());
+}
+
+/// The controller process: `byoh_controller::run::run` for one namespace until SIGTERM.
+async fn controller_role() {
+    let kubeconfig = control_plane::kubeconfig_path().unwrap();
+    let client = Client::try_from(control_plane::config_from(&kubeconfig).await.unwrap()).unwrap();
+    let settings = byoh_controller::run::Settings {
+        namespace: Some(std::env::var("BYOH_BENCH_NAMESPACE").unwrap()),
+        metrics_address: Some(
+            std::env::var("BYOH_BENCH_METRICS")
+                .unwrap()
+                .parse()
+                .unwrap(),
+        ),
+        leader_elect: false,
+        ..Default::default()
+    };
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        term.recv().await;
+    };
+    byoh_controller::run::run(client, settings, shutdown)
+        .await
+        .unwrap();
+}
+
+fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    Some(out)
+}
+
+/// p-quantile of a histogram given as cumulative `(upper bound, count)` buckets.
+fn histogram_quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for &(le, c) in buckets {
+        if c >= rank {
+            if le.is_infinite() {
+                return prev.0;
+            }
+            let span = c - prev.1;
+            let frac = if span > 0.0 {
+                (rank - prev.1) / span
+            } else {
+                1.0
+            };
+            return prev.0 + (le - prev.0) * frac;
+        }
+        prev = (le, c);
+    }
+    f64::NAN
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+async fn bench() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    let n_hosts = env_usize("BYOH_BENCH_HOSTS", 5000);
+    let n_machines = env_usize("BYOH_BENCH_MACHINES", 1000);
+    let ns = TestNamespace::create(&client, "bench-claims")
+        .await
+        .unwrap();
+    let n = ns.name().to_string();
+    ready_cluster(&client, &n, "c1").await;
+
+    let started = Instant::now();
+    let opts = HostOpts::default();
+    futures::stream::iter(0..n_hosts)
+        .for_each_concurrent(64, |i| {
+            let (client, n, opts) = (&client, &n, &opts);
+            async move {
+                create_host(client, n, &format!("host-{i:05}"), opts).await;
+            }
+        })
+        .await;
+    println!(
+        "controller_claims: pool of {n_hosts} ByoHosts (+status, +Lease) created in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The controller, in its own process.
+    let metrics_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(ROLE_ENV, "controller")
+        .env("BYOH_BENCH_NAMESPACE", &n)
+        .env("BYOH_BENCH_METRICS", metrics_addr.to_string())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let t_ready = Instant::now();
+    eventually("controller /readyz", Duration::from_secs(60), || async {
+        http_get(metrics_addr, "/readyz")
+            .await
+            .filter(|r| r.starts_with("HTTP/1.1 200"))
+    })
+    .await;
+    let rss_idle = proc_status_kib(pid, "VmRSS:").unwrap_or(0);
+    println!(
+        "controller_claims: controller ready (caches filled) in {:.1} s, RSS {:.1} MiB",
+        t_ready.elapsed().as_secs_f64(),
+        rss_idle as f64 / 1024.0
+    );
+
+    // Watch claims as they appear.
+    let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let claimed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watch = {
+        let (claimed, api) = (
+            claimed.clone(),
+            Api::<ByoHost>::namespaced(client.clone(), &n),
+        );
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+            while let Ok(Some(h)) = s.try_next().await {
+                if let Some(c) = &h.spec.claim {
+                    claimed
+                        .lock()
+                        .unwrap()
+                        .entry(c.machine_ref.name.clone())
+                        .or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let t0 = Instant::now();
+    let machine_opts = MachineOpts::ready();
+    futures::stream::iter(0..n_machines)
+        .for_each_concurrent(32, |i| {
+            let (client, n, created, opts) = (&client, &n, created.clone(), &machine_opts);
+            async move {
+                let name = format!("m-{i:05}");
+                create_machine(client, n, "c1", &name, opts).await;
+                created.lock().unwrap().insert(name, Instant::now());
+            }
+        })
+        .await;
+    let t_created = t0.elapsed();
+    let rss_peak = std::sync::atomic::AtomicU64::new(0);
+    let all = eventually(
+        "every ByoMachine claimed",
+        Duration::from_secs(300),
+        || async {
+            rss_peak.fetch_max(
+                proc_status_kib(pid, "VmRSS:").unwrap_or(0),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            let c = claimed.lock().unwrap();
+            (c.len() >= n_machines).then(|| c.values().max().copied())
+        },
+    )
+    .await;
+    let total = all.map(|t| t.duration_since(t0)).unwrap_or_default();
+    watch.abort();
+
+    let mut latencies: Vec<Duration> = {
+        let created = created.lock().unwrap();
+        let claimed = claimed.lock().unwrap();
+        claimed
+            .iter()
+            .filter_map(|(m, t)| Some(t.saturating_duration_since(*created.get(m)?)))
+            .collect()
+    };
+    latencies.sort();
+    let (p50, p99) = (percentile(&latencies, 0.50), percentile(&latencies, 0.99));
+
+    let metrics = http_get(metrics_addr, "/metrics").await.unwrap_or_default();
+    let mut buckets = Vec::new();
+    let mut conflicts = 0.0;
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix("byoh_controller_claim_duration_seconds_bucket{le=\"")
+        {
+            let (le, count) = rest.split_once("\"} ").unwrap();
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
+            buckets.push((le, count.trim().parse::<f64>().unwrap()));
+        }
+        if let Some(v) = line.strip_prefix("byoh_controller_claim_conflicts_total ") {
+            conflicts = v.trim().parse().unwrap_or(0.0);
+        }
+    }
+    let hwm = proc_status_kib(pid, "VmHWM:").unwrap_or(0);
+    let rss_end = proc_status_kib(pid, "VmRSS:").unwrap_or(0);
+    let rss_peak = rss_peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .max(rss_end);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = child.wait();
+
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!(
+        "controller_claims: {n_machines} ByoMachines over {n_hosts} ByoHosts: created in {:.1} s; \
+         claim latency (creation → claim) p50 {:.0} ms, p99 {:.0} ms; all claimed {:.1} s after the first creation",
+        t_created.as_secs_f64(),
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        total.as_secs_f64()
+    );
+    println!(
+        "controller_claims: controller histogram (ready → claim) p50 {:.0} ms, p99 {:.0} ms; \
+         409 conflicts {conflicts}; controller RSS at the end {:.1} MiB (peak sampled {:.1} MiB, VmHWM {:.1} MiB)",
+        histogram_quantile(&buckets, 0.5) * 1e3,
+        histogram_quantile(&buckets, 0.99) * 1e3,
+        mib(rss_end),
+        mib(rss_peak),
+        mib(hwm)
+    );
+    ns.cleanup(&client).await.unwrap();
+
+    let mut missed = Vec::new();
+    if p50 > Duration::from_millis(100) {
+        missed.push(format!("p50 {p50:?} > 100 ms"));
+    }
+    if p99 > Duration::from_millis(500) {
+        missed.push(format!("p99 {p99:?} > 500 ms"));
+    }
+    if total > Duration::from_secs(60) {
+        missed.push(format!("all claimed in {total:?} > 60 s"));
+    }
+    if mib(hwm) > 150.0 {
+        missed.push(format!("RSS {:.1} MiB > 150 MiB", mib(hwm)));
+    }
+    assert!(
+        missed.is_empty(),
+        "controller_claims missed its targets: {missed:?}"
+    );
+}

@@ -1,0 +1,431 @@
+//! Shared set-up of the controller tests: the controller run in-process, and objects shaped as
+//! CAPI v1beta2 and the agent write them (created with the admin client).
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use byoh_api::byohost::ByoHostStatus;
+use byoh_api::common::MachineAddress;
+use byoh_api::{ByoCluster, ByoClusterSpec, ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec};
+use byoh_controller::run::Settings;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, OwnerReference, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A controller running on a tokio task until [`Running::stop`].
+pub struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), byoh_controller::run::RunError>>,
+}
+
+impl Running {
+    /// Starts `byoh_controller::run::run` for `namespace` with `settings` (metrics off).
+    pub fn start(client: &Client, namespace: &str, settings: Settings) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let settings = Settings {
+            namespace: Some(namespace.to_string()),
+            ..settings
+        };
+        let client = client.clone();
+        let task = tokio::spawn(async move {
+            byoh_controller::run::run(client, settings, async move {
+                let _ = rx.await;
+            })
+            .await
+        });
+        Self {
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    /// Asks the controller to stop and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let r = tokio::time::timeout(Duration::from_secs(30), &mut self.task).await;
+        match r {
+            Ok(Ok(Ok(()))) => {}
+            other => panic!("controller did not stop cleanly: {other:?}"),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Settings for a namespaced test controller without leader election or metrics.
+pub fn settings() -> Settings {
+    Settings {
+        leader_elect: false,
+        ..Settings::default()
+    }
+}
+
+fn ar(kind: &str, plural: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind),
+        plural,
+    )
+}
+
+/// Api of CAPI Clusters (dynamic).
+pub fn clusters(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &ar("Cluster", "clusters"))
+}
+
+/// Api of CAPI Machines (dynamic).
+pub fn machines(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &ar("Machine", "machines"))
+}
+
+fn now_minus(secs: i64) -> Timestamp {
+    Timestamp::now()
+        .checked_sub(SignedDuration::from_secs(secs))
+        .unwrap()
+}
+
+fn owner(api_version: &str, kind: &str, name: &str, uid: &str, controller: bool) -> OwnerReference {
+    OwnerReference {
+        api_version: api_version.into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+        controller: Some(controller),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Creates a Cluster (v1beta2, infrastructureRef to a ByoCluster of the same name) and the
+/// ByoCluster (endpoint host set, port unset) owned by it and labelled with the cluster name,
+/// as CAPI's Cluster controller leaves them. Status is not set.
+pub async fn create_cluster(client: &Client, ns: &str, name: &str) -> (DynamicObject, ByoCluster) {
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Cluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ByoCluster", "name": name}
+        }
+    }))
+    .unwrap();
+    let cluster = clusters(client, ns)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    let mut bc = ByoCluster::new(
+        name,
+        ByoClusterSpec {
+            control_plane_endpoint: Some(byoh_api::common::ApiEndpoint {
+                host: "192.0.2.10".into(),
+                port: 0,
+            }),
+            failure_domains: vec![byoh_api::common::FailureDomain {
+                name: "z1".into(),
+                control_plane: Some(true),
+                attributes: BTreeMap::new(),
+            }],
+        },
+    );
+    bc.metadata.namespace = Some(ns.into());
+    bc.metadata.labels =
+        Some([(byoh_api::labels::CLUSTER_NAME.to_string(), name.to_string())].into());
+    bc.metadata.owner_references = Some(vec![owner(
+        "cluster.x-k8s.io/v1beta2",
+        "Cluster",
+        name,
+        &cluster.uid().unwrap(),
+        false,
+    )]);
+    let bc = Api::<ByoCluster>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &bc)
+        .await
+        .unwrap();
+    (cluster, bc)
+}
+
+/// Sets the Cluster's `status.initialization` as CAPI would.
+pub async fn set_cluster_status(client: &Client, ns: &str, name: &str, infra: bool, cp: bool) {
+    clusters(client, ns)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"initialization": {
+                "infrastructureProvisioned": infra, "controlPlaneInitialized": cp}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// A ready cluster: created, infrastructure provisioned and control plane initialized.
+pub async fn ready_cluster(client: &Client, ns: &str, name: &str) {
+    create_cluster(client, ns, name).await;
+    set_cluster_status(client, ns, name, true, true).await;
+}
+
+/// How to shape a Machine and its ByoMachine.
+#[derive(Clone, Default)]
+pub struct MachineOpts {
+    /// `spec.bootstrap.dataSecretName` (else a configRef only).
+    pub data_secret: Option<String>,
+    /// Control-plane Machine (label `cluster.x-k8s.io/control-plane`).
+    pub control_plane: bool,
+    /// `spec.version`.
+    pub version: Option<String>,
+    /// `spec.failureDomain`.
+    pub failure_domain: Option<String>,
+    /// ByoMachine labels.
+    pub labels: BTreeMap<String, String>,
+    /// ByoMachine annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// ByoMachine spec.
+    pub spec: ByoMachineSpec,
+}
+
+impl MachineOpts {
+    /// A worker with bootstrap data ready.
+    pub fn ready() -> Self {
+        Self {
+            data_secret: Some("bootstrap-data".into()),
+            version: Some("v1.36.1".into()),
+            ..Self::default()
+        }
+    }
+}
+
+/// Creates a Machine (v1beta2) and its ByoMachine, the ByoMachine controlled by the Machine
+/// and labelled with the cluster name, as CAPI's Machine controller leaves them.
+pub async fn create_machine(
+    client: &Client,
+    ns: &str,
+    cluster: &str,
+    name: &str,
+    opts: &MachineOpts,
+) -> ByoMachine {
+    let mut bootstrap = json!({"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name}});
+    if let Some(s) = &opts.data_secret {
+        bootstrap["dataSecretName"] = s.clone().into();
+    }
+    let mut labels = json!({"cluster.x-k8s.io/cluster-name": cluster});
+    if opts.control_plane {
+        labels["cluster.x-k8s.io/control-plane"] = "".into();
+    }
+    let mut spec = json!({
+        "clusterName": cluster,
+        "bootstrap": bootstrap,
+        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ByoMachine", "name": name},
+    });
+    if let Some(v) = &opts.version {
+        spec["version"] = v.clone().into();
+    }
+    if let Some(fd) = &opts.failure_domain {
+        spec["failureDomain"] = fd.clone().into();
+    }
+    let machine: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": spec,
+    }))
+    .unwrap();
+    let machine = machines(client, ns)
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    let mut bm = ByoMachine::new(name, opts.spec.clone());
+    bm.metadata.namespace = Some(ns.into());
+    let mut l = opts.labels.clone();
+    l.insert(byoh_api::labels::CLUSTER_NAME.into(), cluster.into());
+    bm.metadata.labels = Some(l);
+    bm.metadata.annotations = Some(opts.annotations.clone());
+    bm.metadata.owner_references = Some(vec![owner(
+        "cluster.x-k8s.io/v1beta2",
+        "Machine",
+        name,
+        &machine.uid().unwrap(),
+        true,
+    )]);
+    Api::<ByoMachine>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &bm)
+        .await
+        .unwrap()
+}
+
+/// How to shape a ByoHost as an agent registers it.
+#[derive(Clone)]
+pub struct HostOpts {
+    /// Extra labels.
+    pub labels: BTreeMap<String, String>,
+    /// Architecture label value.
+    pub arch: &'static str,
+    /// Lease: seconds since the last renewal, and duration; `None`: no Lease.
+    pub lease: Option<(i64, i32)>,
+    /// `status.phase`.
+    pub phase: &'static str,
+}
+
+impl Default for HostOpts {
+    fn default() -> Self {
+        Self {
+            labels: BTreeMap::new(),
+            arch: "amd64",
+            lease: Some((0, 3600)),
+            phase: "Available",
+        }
+    }
+}
+
+/// Creates a ByoHost with labels, status (phase, Registered/Ready, addresses) and a Lease, as
+/// the agent does.
+pub async fn create_host(client: &Client, ns: &str, name: &str, opts: &HostOpts) -> ByoHost {
+    let mut host = ByoHost::new(name, ByoHostSpec::default());
+    host.metadata.namespace = Some(ns.into());
+    let mut labels = opts.labels.clone();
+    labels.insert(byoh_api::labels::HOST_ARCH.into(), opts.arch.into());
+    labels.insert(byoh_api::labels::HOST_OS.into(), "debian".into());
+    host.metadata.labels = Some(labels);
+    let api = Api::<ByoHost>::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), &host).await.unwrap();
+    let t = Time(Timestamp::now());
+    let cond = |type_: &str| Condition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: "AsExpected".into(),
+        message: String::new(),
+        observed_generation: None,
+        last_transition_time: t.clone(),
+    };
+    let status = ByoHostStatus {
+        phase: Some(opts.phase.into()),
+        addresses: vec![
+            MachineAddress {
+                type_: "Hostname".into(),
+                address: name.into(),
+            },
+            MachineAddress {
+                type_: "InternalIP".into(),
+                address: "192.0.2.50".into(),
+            },
+        ],
+        conditions: vec![cond("Registered"), cond("Ready")],
+        agent_version: Some("test".into()),
+        ..Default::default()
+    };
+    let host = api
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap();
+    if let Some((age, duration)) = opts.lease {
+        set_lease(client, ns, name, age, duration).await;
+    }
+    host
+}
+
+/// Creates or updates the host's Lease: renewed `age_secs` ago, `duration_secs` long.
+pub async fn set_lease(client: &Client, ns: &str, name: &str, age_secs: i64, duration_secs: i32) {
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.into()),
+            lease_duration_seconds: Some(duration_secs),
+            renew_time: Some(MicroTime(now_minus(age_secs))),
+            ..Default::default()
+        }),
+    };
+    let mut v = serde_json::to_value(&lease).unwrap();
+    v["apiVersion"] = "coordination.k8s.io/v1".into();
+    v["kind"] = "Lease".into();
+    Api::<Lease>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("byoh-agent").force(),
+            &Patch::Apply(v),
+        )
+        .await
+        .unwrap();
+}
+
+/// Writes host status fields as the agent would (merge patch of `status`).
+pub async fn agent_status(client: &Client, ns: &str, host: &str, status: serde_json::Value) {
+    Api::<ByoHost>::namespaced(client.clone(), ns)
+        .patch_status(
+            host,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Every ByoHost of the namespace.
+pub async fn hosts(client: &Client, ns: &str) -> Vec<ByoHost> {
+    Api::<ByoHost>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+}
+
+/// A condition of a list, if present.
+pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// `(status, reason)` of a ByoMachine condition.
+pub fn bm_condition(bm: &ByoMachine, type_: &str) -> Option<(String, String)> {
+    bm.status
+        .as_ref()
+        .and_then(|s| condition(&s.conditions, type_))
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Polls every 100 ms until `f` returns `Some`, panicking after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The ByoMachine, or `None` once it is gone.
+pub async fn get_bm(client: &Client, ns: &str, name: &str) -> Option<ByoMachine> {
+    Api::<ByoMachine>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+/// The ByoHost (must exist).
+pub async fn get_host(client: &Client, ns: &str, name: &str) -> ByoHost {
+    Api::<ByoHost>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap()
+}
