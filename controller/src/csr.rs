@@ -30,12 +30,21 @@
 //!   (`byoh:host:<name>` in group [`HOSTS_GROUP`], renewing with its current certificate).
 //!
 //! The API server already checks the CSR's self-signature when it is created.
+//!
+//! One more rule needs the API and lives outside [`decide`]: a bootstrap token may not obtain
+//! the certificate of a host that is running (a ByoHost of that name with a current Lease, in
+//! any namespace; see [`lease_is_live`]) — a running host renews with its own certificate, so
+//! such a request is an identity takeover. It gets the same Warning Event and is looked at again
+//! every minute.
 
+use byoh_api::ByoHost;
 use futures::StreamExt as _;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
 };
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -556,6 +565,31 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                 Requester::Bootstrapper { token_id } => format!("bootstrap token {token_id}"),
                 Requester::Host => "the host itself (renewal)".to_string(),
             };
+            if matches!(requester, Requester::Bootstrapper { .. })
+                && let Some(namespace) =
+                    live_host(&ctx.client, &host)
+                        .await
+                        .map_err(|source| CsrError::Api {
+                            action: "checking for a live host of the same name",
+                            name: name.clone(),
+                            source,
+                        })?
+            {
+                let reason = format!(
+                    "host {host} is live (ByoHost {namespace}/{host} with a current Lease): a bootstrap token may not take over the identity of a running host, which renews with its own certificate; if the host was reinstalled, stop the old one or approve by hand (kubectl certificate approve {name})"
+                );
+                tracing::warn!(csr = %name, %reason, "certificate signing request not approved");
+                publish(
+                    &ctx,
+                    &csr,
+                    EventType::Warning,
+                    NOT_APPROVED_REASON,
+                    format!("not approved by byoh-controller: {reason}"),
+                )
+                .await?;
+                // Look again once the Lease may have expired.
+                return Ok(Action::requeue(Duration::from_secs(60)));
+            }
             if ctx.manual {
                 tracing::info!(csr = %name, %host, requested_by = %by, "valid host CSR awaits manual approval");
                 publish(&ctx, &csr, EventType::Normal, MANUAL_REASON, format!("valid certificate request for host {host} from {by}; manual approval is on: check it, then run kubectl certificate approve {name}")).await?;
@@ -584,6 +618,42 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
         }
     }
     Ok(Action::await_change())
+}
+
+/// Whether `lease` is current at `now`: `renewTime + leaseDurationSeconds` is in the future.
+pub fn lease_is_live(lease: &Lease, now: Timestamp) -> bool {
+    let Some(spec) = &lease.spec else {
+        return false;
+    };
+    match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(renewed), Some(secs)) => renewed
+            .0
+            .checked_add(SignedDuration::from_secs(i64::from(secs)))
+            .is_ok_and(|until| until > now),
+        _ => false,
+    }
+}
+
+/// The namespace of a ByoHost named `host` whose Lease (same namespace and name) is current,
+/// if any: such a host is running and renews its own certificate, so a bootstrap token asking
+/// for its name is an attempt to take over its identity.
+async fn live_host(client: &kube::Client, host: &str) -> Result<Option<String>, kube::Error> {
+    let hosts = Api::<ByoHost>::all(client.clone())
+        .list_metadata(&ListParams::default().fields(&format!("metadata.name={host}")))
+        .await?;
+    let now = Timestamp::now();
+    for h in hosts.items {
+        let Some(ns) = h.metadata.namespace else {
+            continue;
+        };
+        let lease = Api::<Lease>::namespaced(client.clone(), &ns)
+            .get_opt(host)
+            .await?;
+        if lease.is_some_and(|l| lease_is_live(&l, now)) {
+            return Ok(Some(ns));
+        }
+    }
+    Ok(None)
 }
 
 fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &CsrError, _ctx: Arc<Ctx>) -> Action {
@@ -1000,6 +1070,24 @@ mod tests {
         let mut csr = build(&valid_bootstrap());
         csr.spec.request = ByteString(b"not pem".to_vec());
         assert!(matches!(decide(&csr), Decision::Refuse { .. }));
+    }
+
+    #[test]
+    fn leases_are_live_until_renew_time_plus_duration() {
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let lease = |renewed: i64, secs: i32| Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    Timestamp::from_second(renewed).unwrap(),
+                )),
+                lease_duration_seconds: Some(secs),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(lease_is_live(&lease(999_990, 40), now));
+        assert!(!lease_is_live(&lease(999_900, 40), now));
+        assert!(!lease_is_live(&Lease::default(), now));
     }
 
     #[test]

@@ -8,12 +8,15 @@
 
 mod security_common;
 
+use byoh_api::ByoHost;
 use byoh_controller::csr::{self, CsrOptions};
+use byoh_tests::control_plane::TestNamespace;
 use byoh_tests::{agent, control_plane};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -334,6 +337,51 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
     file(&as_host, &renewal, &v()).await;
     signed(&admin, &renewal).await;
 
+    // A bootstrap token may not take over a running host's identity: a ByoHost of that name
+    // with a current Lease exists.
+    let ns = TestNamespace::create(&admin, "csr-live-host")
+        .await
+        .unwrap();
+    let live = format!("live-{run}");
+    Api::<ByoHost>::namespaced(admin.clone(), ns.name())
+        .create(
+            &PostParams::default(),
+            &ByoHost::new(&live, Default::default()),
+        )
+        .await
+        .unwrap();
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": live },
+        "spec": {
+            "holderIdentity": live,
+            "leaseDurationSeconds": 3600,
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now()
+            ),
+        }
+    }))
+    .unwrap();
+    Api::<Lease>::namespaced(admin.clone(), ns.name())
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let takeover = format!("byoh-{live}-{run}");
+    file(&bootstrapper, &takeover, &valid(&live)).await;
+    let note = eventually(
+        "a Warning on the takeover CSR",
+        Duration::from_secs(30),
+        || warning_for(&admin, &takeover),
+    )
+    .await;
+    assert!(note.contains("is live"), "{note}");
+    assert!(!approved(
+        &Api::<CertificateSigningRequest>::all(admin.clone())
+            .get(&takeover)
+            .await
+            .unwrap()
+    ));
+    names.push(takeover);
+
     // Every forged CSR got its Warning naming the broken rule, and none is approved.
     let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
     for ((what, _, _, expected), name) in forged.iter().zip(&names) {
@@ -354,6 +402,7 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
     for name in names.iter().chain([&valid_name, &renewal]) {
         let _ = csrs.delete(name, &DeleteParams::default()).await;
     }
+    ns.cleanup(&admin).await.unwrap();
 }
 
 /// `--manual-csr-approval`: a valid CSR gets a Normal Event telling the admin to approve it,
