@@ -358,7 +358,7 @@ async fn request_certificate(
                 .await;
             }
             Err(e) => {
-                tracing::warn!(csr = %pending.csr_name, error = %e, "reading certificate signing request; retrying")
+                tracing::warn!(csr = %pending.csr_name, "reading certificate signing request: {e}; retrying")
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;

@@ -9,12 +9,15 @@ pub mod cloudinit;
 pub mod config;
 pub mod facts;
 pub mod fsutil;
+pub mod hostwork;
 pub mod identity;
 pub mod installer;
 pub mod logging;
 pub mod reconcile;
 pub mod registration;
+pub mod state;
 pub mod systemd;
+pub mod units;
 
 use std::path::PathBuf;
 
@@ -55,6 +58,9 @@ pub enum AgentError {
     /// The ByoHost or Lease could not be written.
     #[error(transparent)]
     Registration(Box<registration::RegistrationError>),
+    /// systemd could not be reached over D-Bus.
+    #[error("{0}; byoh-agent drives systemd over the system bus (is dbus running?)")]
+    Systemd(#[from] systemd::SystemdError),
     /// A local file or OS resource failed.
     #[error("{}: {source}", path.display())]
     Io {

@@ -4,8 +4,10 @@
 
 use crate::config::{Credentials, Settings};
 use crate::facts::{self, Facts};
+use crate::hostwork::{HostWorker, WorkSettings};
 use crate::identity::{self, IdentityPaths};
 use crate::registration::{self, Registration};
+use crate::systemd::dbus::SystemdManager;
 use crate::systemd::notify;
 use crate::{AgentError, fsutil};
 use byoh_api::ByoHost;
@@ -74,12 +76,13 @@ pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
         source,
     })?;
 
+    let systemd = SystemdManager::connect().await?;
     let paths = IdentityPaths::new(&settings.state_dir);
     notify::status("Obtaining the host identity");
     let mut client = obtain_client(&settings, &paths, &name).await?;
     let mut first = true;
     loop {
-        match serve(&settings, &paths, &name, client, &facts, first).await? {
+        match serve(&settings, &paths, &name, client, &facts, first, &systemd).await? {
             Exit::Stop => return Ok(()),
             Exit::Renewed(c) => {
                 client = c;
@@ -141,8 +144,7 @@ async fn register(
                 .unwrap_or_default();
             let conditions =
                 registration::registered_conditions(&previous, host.metadata.generation);
-            reg.apply_status(facts, phase::AVAILABLE, &conditions)
-                .await?;
+            reg.apply_status(facts, &conditions).await?;
             reg.renew_lease(settings.lease_duration).await?;
             Ok::<_, registration::RegistrationError>(host)
         }
@@ -155,11 +157,59 @@ async fn register(
                     "Cannot reach the API server ({e}); retrying in {}s",
                     delay.as_secs()
                 ));
-                tracing::warn!(error = %e, "registration failed; retrying");
+                tracing::warn!("registration failed: {e}; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
             Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Aborts the background tasks of one `serve` round when it ends (renewal or shutdown).
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
+        }
+    }
+}
+
+/// How often host work runs again without a change of the ByoHost (level-triggered safety net).
+pub const WORK_RESYNC: Duration = Duration::from_secs(30);
+
+/// Runs host work on every change of the ByoHost, again every [`WORK_RESYNC`], and retries
+/// failed rounds with backoff (1 s doubling to 30 s).
+async fn work_loop(
+    worker: HostWorker<SystemdManager, crate::cloudinit::TokioRunner>,
+    mut rx: tokio::sync::watch::Receiver<Option<ByoHost>>,
+) {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let host = rx.borrow_and_update().clone();
+        let wait = match host {
+            Some(host) => match worker.work(&host).await {
+                Ok(_) => {
+                    delay = Duration::from_secs(1);
+                    WORK_RESYNC
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        retry_in_secs = delay.as_secs(),
+                        "host work failed: {e}; retrying"
+                    );
+                    let d = delay;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                    d
+                }
+            },
+            None => WORK_RESYNC,
+        };
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 }
@@ -171,6 +221,7 @@ async fn serve(
     client: kube::Client,
     facts: &Facts,
     first: bool,
+    systemd: &SystemdManager,
 ) -> Result<Exit, AgentError> {
     let reg = Registration::new(client.clone(), &settings.namespace, name);
     notify::status("Registering the ByoHost");
@@ -185,6 +236,29 @@ async fn serve(
     } else {
         notify::status(&available);
     }
+
+    let (host_tx, host_rx) = tokio::sync::watch::channel::<Option<ByoHost>>(None);
+    let worker = HostWorker::new(
+        client.clone(),
+        WorkSettings {
+            namespace: settings.namespace.clone(),
+            name: name.to_string(),
+            state_dir: settings.state_dir.clone(),
+            root: "/".into(),
+            ignore_modules: settings.ignore_modules.clone(),
+            command_timeout: settings.command_timeout,
+        },
+        systemd.clone(),
+        crate::cloudinit::TokioRunner,
+    );
+    let work_task = tokio::spawn(work_loop(worker, host_rx));
+    let units_task = tokio::spawn(crate::units::report_loop(
+        client.clone(),
+        settings.namespace.clone(),
+        name.to_string(),
+        systemd.clone(),
+    ));
+    let _tasks = AbortOnDrop(vec![work_task.abort_handle(), units_task.abort_handle()]);
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(|source| AgentError::Io {
         path: "SIGTERM handler".into(),
@@ -227,8 +301,11 @@ async fn serve(
                 return Ok(Exit::Stop);
             }
             event = events.next() => match event {
-                Some(Ok(host)) => observe_claim(&host, &mut claim, &settings.namespace, name),
-                Some(Err(e)) => tracing::warn!(error = %e, "watching the ByoHost failed; retrying with backoff"),
+                Some(Ok(host)) => {
+                    observe_claim(&host, &mut claim, &settings.namespace, name);
+                    host_tx.send_replace(Some(host));
+                }
+                Some(Err(e)) => tracing::warn!("watching the ByoHost failed: {e}; retrying with backoff"),
                 None => tracing::warn!("the ByoHost watch ended"),
             },
             _ = lease_tick.tick() => match call_timeout(settings.lease_duration / 3, reg.renew_lease(settings.lease_duration)).await {
@@ -243,7 +320,7 @@ async fn serve(
                     let since = *api_down_since.get_or_insert_with(SystemTime::now);
                     let secs = since.elapsed().unwrap_or_default().as_secs();
                     notify::status(&format!("Cannot renew the Lease for {secs}s ({e}); retrying"));
-                    tracing::warn!(error = %e, "renewing the Lease failed; retrying");
+                    tracing::warn!("renewing the Lease failed: {e}; retrying");
                 }
             },
             _ = facts_tick.tick() => {
@@ -252,9 +329,9 @@ async fn serve(
                     if let Ok(Ok(host)) = tokio::time::timeout(API_CALL_TIMEOUT, reg.hosts().get_status(name)).await {
                         let previous = host.status.map(|s| s.conditions).unwrap_or_default();
                         let conditions = registration::registered_conditions(&previous, host.metadata.generation);
-                        match call_timeout(API_CALL_TIMEOUT, reg.apply_status(&now, phase::AVAILABLE, &conditions)).await {
+                        match call_timeout(API_CALL_TIMEOUT, reg.apply_status(&now, &conditions)).await {
                             Ok(_) => facts = now,
-                            Err(e) => tracing::warn!(error = %e, "reporting facts failed; will retry"),
+                            Err(e) => tracing::warn!("reporting facts failed: {e}; will retry"),
                         }
                     }
                 }

@@ -117,7 +117,7 @@ impl Registration {
                 .await
             {
                 Ok(_) => {
-                    tracing::info!(byoh_host = %self.name, namespace = %self.namespace, "created ByoHost")
+                    tracing::info!(byoh_host = %self.name, namespace = %self.namespace, "created ByoHost {}/{}", self.namespace, self.name)
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(e) => return Err(self.err("creating", "ByoHost")(e)),
@@ -138,15 +138,15 @@ impl Registration {
             .map_err(self.err("applying labels of", "ByoHost"))
     }
 
-    /// Applies the agent-owned status: facts, addresses, agent version, phase and `conditions`
-    /// (merged by type, so conditions set by others stay).
+    /// Applies the registration part of the status: facts, addresses, agent version and
+    /// `conditions` (merged by type, so conditions other field managers own stay; the phase and
+    /// the host-work conditions belong to [`crate::hostwork`]).
     ///
     /// # Errors
     /// [`RegistrationError`] if the apply fails.
     pub async fn apply_status(
         &self,
         facts: &Facts,
-        phase: &str,
         conditions: &[Condition],
     ) -> Result<ByoHost, RegistrationError> {
         let patch = serde_json::json!({
@@ -158,7 +158,6 @@ impl Registration {
                 "network": facts.network,
                 "addresses": facts.addresses,
                 "agentVersion": env!("CARGO_PKG_VERSION"),
-                "phase": phase,
                 "conditions": conditions,
             },
         });
@@ -206,12 +205,13 @@ impl Registration {
     }
 }
 
-/// The conditions of a registered, free host: `Registered=True`, `Ready=True`.
+/// The condition of a registered host: `Registered=True` (the host-work conditions and the
+/// phase are reported by [`crate::hostwork`]).
 pub fn registered_conditions(previous: &[Condition], generation: Option<i64>) -> Vec<Condition> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let mut c: Vec<Condition> = previous
         .iter()
-        .filter(|c| c.type_ == types::REGISTERED || c.type_ == types::READY)
+        .filter(|c| c.type_ == types::REGISTERED)
         .cloned()
         .collect();
     conditions::set(
@@ -220,15 +220,6 @@ pub fn registered_conditions(previous: &[Condition], generation: Option<i64>) ->
         true,
         reasons::AS_EXPECTED,
         "host facts reported and Lease renewed",
-        generation,
-        now.clone(),
-    );
-    conditions::set(
-        &mut c,
-        types::READY,
-        true,
-        reasons::WAITING_FOR_CLAIM,
-        "registered; waiting for a ByoMachine to claim this host",
         generation,
         now,
     );

@@ -97,6 +97,7 @@ pub struct MachineReference {
 #[serde(rename_all = "camelCase")]
 pub struct NeedsCleanup {
     /// UID of the ByoMachine whose claim was dropped without a confirmed clean-up.
+    #[serde(rename = "machineUID")]
     pub machine_uid: String,
     /// Why the claim was dropped: one of the `*Release*` reasons in [`crate::conditions`].
     pub reason: String,
@@ -127,12 +128,20 @@ pub struct ByoHostStatus {
     pub phase: Option<String>,
 
     /// UID of the ByoMachine whose claim the agent is working on or last worked on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "observedMachineUID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub observed_machine_uid: Option<String>,
 
     /// UID of the last ByoMachine whose clean-up the agent finished; the controller drops a
     /// claim (or the clean-up mark) once this equals the claim's UID.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "cleanedMachineUID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cleaned_machine_uid: Option<String>,
 
     /// Standard conditions (`Ready`, `Registered`, `BootstrapSucceeded`, `KubeletActive`, ...).

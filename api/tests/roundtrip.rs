@@ -303,3 +303,26 @@ fn bootstrap_kubeconfig() {
         "no token or kubeconfig inline in status"
     );
 }
+
+#[test]
+fn byohost_uid_fields_use_the_uid_spelling() {
+    let mut host = ByoHost::new(
+        "h",
+        ByoHostSpec {
+            claim: None,
+            needs_cleanup: Some(NeedsCleanup {
+                machine_uid: "u".into(),
+                reason: "r".into(),
+            }),
+        },
+    );
+    host.status = Some(ByoHostStatus {
+        observed_machine_uid: Some("a".into()),
+        cleaned_machine_uid: Some("b".into()),
+        ..Default::default()
+    });
+    let json = serde_json::to_value(&host).unwrap();
+    assert_eq!(json["spec"]["needsCleanup"]["machineUID"], "u");
+    assert_eq!(json["status"]["observedMachineUID"], "a");
+    assert_eq!(json["status"]["cleanedMachineUID"], "b");
+}

@@ -63,9 +63,11 @@ async fn agent_registers_as_a_systemd_service_and_keeps_its_identity_across_rest
         Duration::from_secs(30),
         || async {
             Ok(hosts_api.get_opt(&name).await?.filter(|h| {
-                h.status
-                    .as_ref()
-                    .is_some_and(|s| byoh_api::conditions::is_true(&s.conditions, "Registered"))
+                h.status.as_ref().is_some_and(|s| {
+                    byoh_api::conditions::is_true(&s.conditions, "Registered")
+                        && byoh_api::conditions::is_true(&s.conditions, "Ready")
+                        && s.phase.as_deref() == Some("Available")
+                })
             }))
         },
     )

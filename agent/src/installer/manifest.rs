@@ -217,12 +217,17 @@ impl Change {
                     path.display()
                 )
             }
-            Change::SysctlsSet { previous, .. } => {
+            Change::SysctlsSet { values, previous } => {
                 let kv: Vec<String> = previous
                     .iter()
-                    .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
+                    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+                    .filter(|(k, v)| values.get(*k) != Some(*v))
+                    .map(|(k, v)| format!("{k}={v}"))
                     .collect();
-                format!("write back sysctls {}", kv.join(" "))
+                format!(
+                    "write back sysctls {} where they still hold the value set",
+                    kv.join(" ")
+                )
             }
             Change::AptUpdated => "run apt-get update once the source is removed".into(),
             Change::PackagesInstalled {

@@ -16,7 +16,11 @@ pub struct SystemdManager {
 
 fn bus(call: &'static str, unit: &str) -> impl FnOnce(zbus::Error) -> SystemdError {
     let unit = unit.to_string();
-    move |e| SystemdError::Bus { call, unit, message: e.to_string() }
+    move |e| SystemdError::Bus {
+        call,
+        unit,
+        message: e.to_string(),
+    }
 }
 
 impl SystemdManager {
@@ -25,14 +29,22 @@ impl SystemdManager {
     /// # Errors
     /// [`SystemdError::Bus`] if the system bus is not reachable (is dbus running?).
     pub async fn connect() -> Result<Self, SystemdError> {
-        let conn = zbus::Connection::system().await.map_err(bus("connect to the system bus", "-"))?;
-        let manager = ManagerProxy::new(&conn).await.map_err(bus("Manager", "-"))?;
+        let conn = zbus::Connection::system()
+            .await
+            .map_err(bus("connect to the system bus", "-"))?;
+        let manager = ManagerProxy::new(&conn)
+            .await
+            .map_err(bus("Manager", "-"))?;
         manager.subscribe().await.map_err(bus("Subscribe", "-"))?;
         Ok(SystemdManager { conn, manager })
     }
 
     async fn unit_proxy(&self, unit: &str) -> Result<UnitProxy<'static>, SystemdError> {
-        let path = self.manager.load_unit(unit.to_string()).await.map_err(bus("LoadUnit", unit))?;
+        let path = self
+            .manager
+            .load_unit(unit.to_string())
+            .await
+            .map_err(bus("LoadUnit", unit))?;
         UnitProxy::builder(&self.conn)
             .path(path)
             .cache_properties(zbus::proxy::CacheProperties::No)
@@ -45,7 +57,11 @@ impl SystemdManager {
     where
         F: std::future::Future<Output = zbus::Result<zbus::OwnedObjectPath>>,
     {
-        let mut removed = self.manager.receive_job_removed().await.map_err(bus("JobRemoved", unit))?;
+        let mut removed = self
+            .manager
+            .receive_job_removed()
+            .await
+            .map_err(bus("JobRemoved", unit))?;
         let path = queue.await.map_err(bus(job, unit))?;
         let wait = async {
             while let Some(signal) = removed.next().await {
@@ -58,9 +74,21 @@ impl SystemdManager {
         };
         match tokio::time::timeout(JOB_TIMEOUT, wait).await {
             Ok(Some(result)) if result == "done" => Ok(()),
-            Ok(Some(result)) => Err(SystemdError::JobFailed { job, unit: unit.into(), result }),
-            Ok(None) => Err(SystemdError::Bus { call: "JobRemoved", unit: unit.into(), message: "signal stream ended".into() }),
-            Err(_) => Err(SystemdError::JobTimedOut { job, unit: unit.into(), timeout: JOB_TIMEOUT }),
+            Ok(Some(result)) => Err(SystemdError::JobFailed {
+                job,
+                unit: unit.into(),
+                result,
+            }),
+            Ok(None) => Err(SystemdError::Bus {
+                call: "JobRemoved",
+                unit: unit.into(),
+                message: "signal stream ended".into(),
+            }),
+            Err(_) => Err(SystemdError::JobTimedOut {
+                job,
+                unit: unit.into(),
+                timeout: JOB_TIMEOUT,
+            }),
         }
     }
 
@@ -69,7 +97,10 @@ impl SystemdManager {
     ///
     /// # Errors
     /// [`SystemdError::Bus`] if the unit cannot be loaded or watched.
-    pub async fn watch(&self, unit: &str) -> Result<impl Stream<Item = UnitState> + Send + 'static, SystemdError> {
+    pub async fn watch(
+        &self,
+        unit: &str,
+    ) -> Result<impl Stream<Item = UnitState> + Send + 'static, SystemdError> {
         let proxy = self.unit_proxy(unit).await?;
         let active = proxy.receive_active_state_changed().await.map(|_| ());
         let sub = proxy.receive_sub_state_changed().await.map(|_| ());
@@ -77,13 +108,23 @@ impl SystemdManager {
         let first = futures::stream::once(async {});
         Ok(first.chain(changes).then(move |()| {
             let proxy = proxy.clone();
-            async move { read_state(&proxy).await.unwrap_or_else(|_| UnitState { load_state: "unknown".into(), active_state: "unknown".into(), sub_state: "unknown".into() }) }
+            async move {
+                read_state(&proxy).await.unwrap_or_else(|_| UnitState {
+                    load_state: "unknown".into(),
+                    active_state: "unknown".into(),
+                    sub_state: "unknown".into(),
+                })
+            }
         }))
     }
 }
 
 async fn read_state(proxy: &UnitProxy<'_>) -> zbus::Result<UnitState> {
-    Ok(UnitState { load_state: proxy.load_state().await?, active_state: proxy.active_state().await?, sub_state: proxy.sub_state().await? })
+    Ok(UnitState {
+        load_state: proxy.load_state().await?,
+        active_state: proxy.active_state().await?,
+        sub_state: proxy.sub_state().await?,
+    })
 }
 
 impl UnitManager for SystemdManager {
@@ -93,30 +134,53 @@ impl UnitManager for SystemdManager {
 
     async fn enable(&self, units: &[&str]) -> Result<(), SystemdError> {
         let names: Vec<String> = units.iter().map(|u| u.to_string()).collect();
-        self.manager.enable_unit_files(names.clone(), false, true).await.map_err(bus("EnableUnitFiles", &names.join(" ")))?;
+        self.manager
+            .enable_unit_files(names.clone(), false, true)
+            .await
+            .map_err(bus("EnableUnitFiles", &names.join(" ")))?;
         Ok(())
     }
 
     async fn disable(&self, units: &[&str]) -> Result<(), SystemdError> {
         let names: Vec<String> = units.iter().map(|u| u.to_string()).collect();
-        self.manager.disable_unit_files(names.clone(), false).await.map_err(bus("DisableUnitFiles", &names.join(" ")))?;
+        self.manager
+            .disable_unit_files(names.clone(), false)
+            .await
+            .map_err(bus("DisableUnitFiles", &names.join(" ")))?;
         Ok(())
     }
 
     async fn start(&self, unit: &str) -> Result<(), SystemdError> {
-        self.run_job("start", unit, self.manager.start_unit(unit.into(), "replace".into())).await
+        self.run_job(
+            "start",
+            unit,
+            self.manager.start_unit(unit.into(), "replace".into()),
+        )
+        .await
     }
 
     async fn stop(&self, unit: &str) -> Result<(), SystemdError> {
-        self.run_job("stop", unit, self.manager.stop_unit(unit.into(), "replace".into())).await
+        self.run_job(
+            "stop",
+            unit,
+            self.manager.stop_unit(unit.into(), "replace".into()),
+        )
+        .await
     }
 
     async fn restart(&self, unit: &str) -> Result<(), SystemdError> {
-        self.run_job("restart", unit, self.manager.restart_unit(unit.into(), "replace".into())).await
+        self.run_job(
+            "restart",
+            unit,
+            self.manager.restart_unit(unit.into(), "replace".into()),
+        )
+        .await
     }
 
     async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
         let proxy = self.unit_proxy(unit).await?;
-        read_state(&proxy).await.map_err(bus("Get unit properties", unit))
+        read_state(&proxy)
+            .await
+            .map_err(bus("Get unit properties", unit))
     }
 }

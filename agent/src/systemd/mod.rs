@@ -29,7 +29,9 @@ pub enum SystemdError {
     },
     /// A job finished with a result other than `done` (see systemd.directives `JobRemoved`):
     /// `failed`, `timeout`, `dependency`, `canceled`, `skipped`...
-    #[error("systemd job {job} for {unit} finished with result {result:?}; see journalctl -u {unit}")]
+    #[error(
+        "systemd job {job} for {unit} finished with result {result:?}; see journalctl -u {unit}"
+    )]
     JobFailed {
         /// `start`, `stop` or `restart`.
         job: &'static str,
@@ -142,7 +144,11 @@ pub mod fake {
         async fn start(&self, unit: &str) -> Result<(), SystemdError> {
             self.record(format!("start {unit}"));
             if self.failing.iter().any(|u| u == unit) {
-                return Err(SystemdError::JobFailed { job: "start", unit: unit.into(), result: "failed".into() });
+                return Err(SystemdError::JobFailed {
+                    job: "start",
+                    unit: unit.into(),
+                    result: "failed".into(),
+                });
             }
             self.set(unit, true);
             Ok(())
@@ -160,9 +166,21 @@ pub mod fake {
         async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
             let on = self.active.lock().ok().and_then(|a| a.get(unit).copied());
             Ok(match on {
-                Some(true) => UnitState { load_state: "loaded".into(), active_state: "active".into(), sub_state: "running".into() },
-                Some(false) => UnitState { load_state: "loaded".into(), active_state: "inactive".into(), sub_state: "dead".into() },
-                None => UnitState { load_state: "not-found".into(), active_state: "inactive".into(), sub_state: "dead".into() },
+                Some(true) => UnitState {
+                    load_state: "loaded".into(),
+                    active_state: "active".into(),
+                    sub_state: "running".into(),
+                },
+                Some(false) => UnitState {
+                    load_state: "loaded".into(),
+                    active_state: "inactive".into(),
+                    sub_state: "dead".into(),
+                },
+                None => UnitState {
+                    load_state: "not-found".into(),
+                    active_state: "inactive".into(),
+                    sub_state: "dead".into(),
+                },
             })
         }
     }

@@ -42,6 +42,6 @@ fn send(states: &[NotifyState<'_>]) {
         return;
     }
     if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!(error = %e, "sd_notify failed");
+        tracing::warn!("sd_notify failed: {e}");
     }
 }

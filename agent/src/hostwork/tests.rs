@@ -1,0 +1,181 @@
+use super::*;
+use crate::state::{ClaimWork, CleanupWork};
+use byoh_api::byohost::{MachineReference, NeedsCleanup};
+use byoh_api::common::LocalObjectReference;
+
+fn claim(uid: &str, release: bool) -> HostClaim {
+    HostClaim {
+        machine_ref: MachineReference {
+            name: format!("m-{uid}"),
+            uid: uid.into(),
+        },
+        cluster_name: "c".into(),
+        bootstrap_secret_ref: LocalObjectReference { name: "b".into() },
+        installer_ref: None,
+        kubernetes_version: None,
+        provider_id: "byoh://h/x".into(),
+        claimed_at: None,
+        release_requested: release,
+    }
+}
+
+fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
+    ClaimWork {
+        machine_uid: uid.into(),
+        machine_name: format!("m-{uid}"),
+        provider_id: "byoh://h/x".into(),
+        bootstrap_resource_version: None,
+        steps: vec![],
+        written_files: vec![],
+        installed: false,
+        outcome,
+        preexisting_dirs: vec![],
+    }
+}
+
+fn spec(c: Option<HostClaim>, needs: Option<&str>) -> ByoHostSpec {
+    ByoHostSpec {
+        claim: c,
+        needs_cleanup: needs.map(|u| NeedsCleanup {
+            machine_uid: u.into(),
+            reason: "ForcedRelease".into(),
+        }),
+    }
+}
+
+fn failed() -> Option<Outcome> {
+    Some(Outcome::Failed {
+        reason: "BootstrapFailed".into(),
+        message: "x".into(),
+    })
+}
+
+#[test]
+fn decide_table() {
+    let cleanup = |u: &str| Action::Cleanup {
+        machine_uid: u.into(),
+    };
+    let st = |claim: Option<ClaimWork>, cleanup: Option<&str>, cleaned: Option<&str>| HostState {
+        claim,
+        cleanup: cleanup.map(|u| CleanupWork {
+            machine_uid: u.into(),
+            steps: vec![],
+        }),
+        cleaned_machine_uid: cleaned.map(Into::into),
+    };
+    let cases: Vec<(&str, ByoHostSpec, HostState, Action)> = vec![
+        (
+            "free and clean",
+            spec(None, None),
+            st(None, None, None),
+            Action::Available,
+        ),
+        (
+            "free after an earlier clean-up",
+            spec(None, None),
+            st(None, None, Some("u0")),
+            Action::Available,
+        ),
+        (
+            "new claim",
+            spec(Some(claim("u1", false)), None),
+            st(None, None, Some("u0")),
+            Action::Bootstrap,
+        ),
+        (
+            "claim in progress resumes",
+            spec(Some(claim("u1", false)), None),
+            st(Some(work("u1", None)), None, None),
+            Action::Bootstrap,
+        ),
+        (
+            "bootstrapped",
+            spec(Some(claim("u1", false)), None),
+            st(Some(work("u1", Some(Outcome::Bootstrapped))), None, None),
+            Action::Provisioned,
+        ),
+        (
+            "failed waits",
+            spec(Some(claim("u1", false)), None),
+            st(Some(work("u1", failed())), None, None),
+            Action::Failed,
+        ),
+        (
+            "release requested",
+            spec(Some(claim("u1", true)), None),
+            st(Some(work("u1", Some(Outcome::Bootstrapped))), None, None),
+            cleanup("u1"),
+        ),
+        (
+            "release of a failed bootstrap",
+            spec(Some(claim("u1", true)), None),
+            st(Some(work("u1", failed())), None, None),
+            cleanup("u1"),
+        ),
+        (
+            "release before any work",
+            spec(Some(claim("u1", true)), None),
+            st(None, None, None),
+            cleanup("u1"),
+        ),
+        (
+            "released, claim not dropped yet",
+            spec(Some(claim("u1", true)), None),
+            st(None, None, Some("u1")),
+            Action::Released,
+        ),
+        (
+            "clean-up in progress continues",
+            spec(Some(claim("u1", true)), None),
+            st(Some(work("u1", None)), Some("u1"), None),
+            cleanup("u1"),
+        ),
+        (
+            "clean-up in progress continues after the claim is dropped",
+            spec(None, None),
+            st(None, Some("u1"), None),
+            cleanup("u1"),
+        ),
+        (
+            "leftovers of a dropped claim",
+            spec(None, None),
+            st(Some(work("u1", Some(Outcome::Bootstrapped))), None, None),
+            cleanup("u1"),
+        ),
+        (
+            "leftovers of another claim first",
+            spec(Some(claim("u2", false)), None),
+            st(Some(work("u1", Some(Outcome::Bootstrapped))), None, None),
+            cleanup("u1"),
+        ),
+        (
+            "needs-cleanup mark",
+            spec(None, Some("u1")),
+            st(None, None, None),
+            cleanup("u1"),
+        ),
+        (
+            "needs-cleanup mark already cleaned",
+            spec(None, Some("u1")),
+            st(None, None, Some("u1")),
+            Action::Available,
+        ),
+        (
+            "needs-cleanup with leftovers",
+            spec(None, Some("u1")),
+            st(Some(work("u1", None)), None, None),
+            cleanup("u1"),
+        ),
+    ];
+    for (name, spec, state, expected) in cases {
+        assert_eq!(decide(&spec, &state), expected, "{name}");
+    }
+}
+
+#[test]
+fn provider_id_dropin_replaces_exec_start_with_the_flag() {
+    let d = provider_id_dropin("/usr/local/bin/kubelet", "byoh://w1/abc123");
+    assert!(d.contains("[Service]\nExecStart=\nExecStart=/usr/local/bin/kubelet "));
+    assert!(d.trim_end().ends_with("--provider-id=byoh://w1/abc123"));
+    assert!(d.contains("$KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS"));
+}

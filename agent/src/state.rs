@@ -1,0 +1,328 @@
+//! The host's persisted work state, `<state_dir>/state.json` (DESIGN.md §2: "host work is a
+//! persisted, resumable state machine").
+//!
+//! Every step of a bootstrap or clean-up is recorded before it starts and after it ends, with an
+//! atomic write (temp + fsync + rename). After a crash or reboot the agent reads the record and
+//! resumes at the next step; a non-idempotent step (a `runcmd` entry, an appending write) found
+//! started but not finished is never run again: the bootstrap is marked failed and the host
+//! waits for its release.
+
+use crate::fsutil;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// File name of the state under the state directory.
+pub const STATE_FILE: &str = "state.json";
+
+/// Errors reading or writing the state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The state file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid state JSON.
+    #[error("{}: not a valid state file ({message}); move it away only after checking the host by hand", path.display())]
+    Corrupt {
+        /// The state file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+}
+
+/// Whether a step may run again after an interruption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Rerun {
+    /// Running it twice has the same effect as once (writing a file, stopping a unit).
+    Idempotent,
+    /// Running it twice may do harm (a command, an append, `kubeadm join`).
+    Never,
+}
+
+/// Where a step is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StepState {
+    /// Recorded before it began; not known to have finished.
+    Started,
+    /// Finished successfully.
+    Done,
+    /// Finished with an error (message without secrets).
+    Failed {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// One step's record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRecord {
+    /// Step name, e.g. `install`, `provider-id`, `write_files[2]`, `runcmd[0]`, `kubeadm-reset`.
+    pub name: String,
+    /// Whether it may be re-run.
+    pub rerun: Rerun,
+    /// Where it is.
+    pub state: StepState,
+    /// RFC 3339 time of the last change.
+    pub at: String,
+}
+
+/// A file a bootstrap wrote, and how to undo it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WrittenFile {
+    /// The host path.
+    pub path: PathBuf,
+    /// Backup of the previous content (under `<state_dir>/backups/`), if the file existed.
+    pub backup: Option<PathBuf>,
+    /// Directories created for it (deepest last), removed on clean-up if empty.
+    pub created_dirs: Vec<PathBuf>,
+}
+
+/// How a bootstrap ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    /// The CAPI sentinel file exists: the host is a node.
+    Bootstrapped,
+    /// A step failed; the host waits for new bootstrap data or its release.
+    Failed {
+        /// Condition reason (`BootstrapDataInvalid`, `InstallationFailed`, `BootstrapFailed`).
+        reason: String,
+        /// Message (names the step, exit status and stderr tail; no secrets).
+        message: String,
+    },
+}
+
+/// The work for one claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimWork {
+    /// UID of the claiming ByoMachine.
+    pub machine_uid: String,
+    /// Name of the claiming ByoMachine.
+    pub machine_name: String,
+    /// The providerID given to the kubelet.
+    pub provider_id: String,
+    /// resourceVersion of the bootstrap Secret the bootstrap ran with (at most once per
+    /// machine UID and resourceVersion).
+    pub bootstrap_resource_version: Option<String>,
+    /// Steps in order.
+    pub steps: Vec<StepRecord>,
+    /// Files the bootstrap wrote (undone on clean-up).
+    pub written_files: Vec<WrittenFile>,
+    /// Whether the installer ran (its manifest is `<state_dir>/install-manifest.json`).
+    pub installed: bool,
+    /// How it ended, once it ended.
+    pub outcome: Option<Outcome>,
+    /// Which of the Kubernetes runtime directories existed before the claim (kept on clean-up).
+    #[serde(default)]
+    pub preexisting_dirs: Vec<PathBuf>,
+}
+
+/// The clean-up in progress.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CleanupWork {
+    /// UID of the ByoMachine whose claim is being cleaned up.
+    pub machine_uid: String,
+    /// Steps in order.
+    pub steps: Vec<StepRecord>,
+}
+
+/// Everything in `state.json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostState {
+    /// The claim being worked on (or finished), until its clean-up completes.
+    pub claim: Option<ClaimWork>,
+    /// The clean-up in progress.
+    pub cleanup: Option<CleanupWork>,
+    /// UID of the last ByoMachine whose clean-up finished.
+    pub cleaned_machine_uid: Option<String>,
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// The steps list of a piece of work, with the rules for starting and finishing a step.
+pub trait Steps {
+    /// The records.
+    fn steps_mut(&mut self) -> &mut Vec<StepRecord>;
+    /// The records (read-only).
+    fn steps(&self) -> &[StepRecord];
+
+    /// The record of `name`, if any.
+    fn step(&self, name: &str) -> Option<&StepRecord> {
+        self.steps().iter().find(|s| s.name == name)
+    }
+
+    /// Whether `name` finished successfully.
+    fn done(&self, name: &str) -> bool {
+        self.step(name).is_some_and(|s| s.state == StepState::Done)
+    }
+
+    /// The first non-idempotent step that started but never finished (an interruption).
+    fn interrupted(&self) -> Option<&StepRecord> {
+        self.steps()
+            .iter()
+            .find(|s| s.state == StepState::Started && s.rerun == Rerun::Never)
+    }
+
+    /// Records `name` as started (replacing an earlier record of it).
+    fn start(&mut self, name: &str, rerun: Rerun) {
+        let steps = self.steps_mut();
+        steps.retain(|s| s.name != name);
+        steps.push(StepRecord {
+            name: name.into(),
+            rerun,
+            state: StepState::Started,
+            at: now(),
+        });
+    }
+
+    /// Records the end of `name`.
+    fn finish(&mut self, name: &str, result: Result<(), String>) {
+        let state = match result {
+            Ok(()) => StepState::Done,
+            Err(message) => StepState::Failed { message },
+        };
+        if let Some(s) = self.steps_mut().iter_mut().find(|s| s.name == name) {
+            s.state = state;
+            s.at = now();
+        }
+    }
+}
+
+impl Steps for ClaimWork {
+    fn steps_mut(&mut self) -> &mut Vec<StepRecord> {
+        &mut self.steps
+    }
+    fn steps(&self) -> &[StepRecord] {
+        &self.steps
+    }
+}
+
+impl Steps for CleanupWork {
+    fn steps_mut(&mut self) -> &mut Vec<StepRecord> {
+        &mut self.steps
+    }
+    fn steps(&self) -> &[StepRecord] {
+        &self.steps
+    }
+}
+
+/// The state file of a state directory, read and written whole.
+#[derive(Clone, Debug)]
+pub struct StateFile {
+    path: PathBuf,
+}
+
+impl StateFile {
+    /// `<state_dir>/state.json`.
+    pub fn new(state_dir: &Path) -> Self {
+        StateFile {
+            path: state_dir.join(STATE_FILE),
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the state; a missing file is the empty state.
+    ///
+    /// # Errors
+    /// [`StateError`] if the file cannot be read or parsed.
+    pub fn load(&self) -> Result<HostState, StateError> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+                path: self.path.clone(),
+                message: e.to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HostState::default()),
+            Err(source) => Err(StateError::Io {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Writes the state atomically (mode 0600) and fsyncs it.
+    ///
+    /// # Errors
+    /// [`StateError::Io`] if it cannot be written.
+    pub fn save(&self, state: &HostState) -> Result<(), StateError> {
+        let json = serde_json::to_vec_pretty(state).map_err(|e| StateError::Corrupt {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        fsutil::write_atomic(&self.path, &json, 0o600).map_err(|source| StateError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim() -> ClaimWork {
+        ClaimWork {
+            machine_uid: "u1".into(),
+            machine_name: "m1".into(),
+            provider_id: "byoh://h/abc".into(),
+            bootstrap_resource_version: Some("7".into()),
+            steps: vec![],
+            written_files: vec![],
+            installed: false,
+            outcome: None,
+            preexisting_dirs: vec![],
+        }
+    }
+
+    #[test]
+    fn steps_record_start_and_end_and_find_interruptions() {
+        let mut c = claim();
+        c.start("write_files[0]", Rerun::Idempotent);
+        assert!(
+            c.interrupted().is_none(),
+            "an idempotent step may simply run again"
+        );
+        c.finish("write_files[0]", Ok(()));
+        assert!(c.done("write_files[0]"));
+        c.start("runcmd[0]", Rerun::Never);
+        assert_eq!(c.interrupted().map(|s| s.name.as_str()), Some("runcmd[0]"));
+        c.finish("runcmd[0]", Err("exit status 3".into()));
+        assert!(c.interrupted().is_none());
+        assert!(!c.done("runcmd[0]"));
+    }
+
+    #[test]
+    fn state_file_round_trip_missing_and_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = StateFile::new(dir.path());
+        assert_eq!(f.load().unwrap(), HostState::default());
+        let mut s = HostState {
+            claim: Some(claim()),
+            ..Default::default()
+        };
+        if let Some(c) = s.claim.as_mut() {
+            c.start("install", Rerun::Idempotent);
+        }
+        f.save(&s).unwrap();
+        assert_eq!(f.load().unwrap(), s);
+        std::fs::write(f.path(), b"{not json").unwrap();
+        assert!(matches!(f.load(), Err(StateError::Corrupt { .. })));
+    }
+}

@@ -1,0 +1,149 @@
+//! Reports the states of `kubelet.service` and `containerd.service` as ByoHost conditions
+//! `KubeletActive` and `ContainerdActive` (field manager [`FIELD_MANAGER`]), as they change:
+//! systemd's PropertiesChanged signals on the units' `ActiveState`/`SubState` drive it, so a
+//! killed kubelet shows within a second or two.
+
+use crate::systemd::UnitState;
+use crate::systemd::dbus::SystemdManager;
+use byoh_api::ByoHost;
+use byoh_api::conditions::{self, reasons, types};
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use std::time::Duration;
+
+/// Field manager of the unit conditions.
+pub const FIELD_MANAGER: &str = "byoh-agent-units";
+/// The units reported, with their condition types.
+pub const REPORTED_UNITS: &[(&str, &str)] = &[
+    ("kubelet.service", types::KUBELET_ACTIVE),
+    ("containerd.service", types::CONTAINERD_ACTIVE),
+];
+
+/// The condition for a unit state: `True`/`AsExpected` when active, else `False`/`UnitInactive`
+/// with the state in the message.
+pub fn condition_for(unit: &str, state: &UnitState) -> (bool, &'static str, String) {
+    if state.is_active() {
+        (
+            true,
+            reasons::AS_EXPECTED,
+            format!("{unit} is {}", state.describe()),
+        )
+    } else {
+        (
+            false,
+            reasons::UNIT_INACTIVE,
+            format!("{unit} is {}", state.describe()),
+        )
+    }
+}
+
+/// Watches the reported units and applies their conditions on every change, until aborted.
+/// Reconnects (after 5 s) when the watch or the API fails.
+pub async fn report_loop(
+    client: kube::Client,
+    namespace: String,
+    name: String,
+    systemd: SystemdManager,
+) {
+    let hosts: Api<ByoHost> = Api::namespaced(client, &namespace);
+    let mut last: Vec<Option<UnitState>> = vec![None; REPORTED_UNITS.len()];
+    loop {
+        let mut streams = Vec::new();
+        for (i, (unit, _)) in REPORTED_UNITS.iter().enumerate() {
+            match systemd.watch(unit).await {
+                Ok(s) => streams.push(s.map(move |st| (i, st)).boxed()),
+                Err(e) => tracing::warn!(unit, "cannot watch unit: {e}"),
+            }
+        }
+        let mut all = futures::stream::select_all(streams);
+        while let Some((i, state)) = all.next().await {
+            if last[i].as_ref() == Some(&state) {
+                continue;
+            }
+            let (unit, ctype) = REPORTED_UNITS[i];
+            tracing::info!(unit, "{unit} is now {}", state.describe());
+            last[i] = Some(state);
+            if let Err(e) = apply(&hosts, &name, &last).await {
+                tracing::warn!(
+                    "reporting unit conditions failed: {e}; will retry on the next change"
+                );
+                last[i] = None;
+            } else {
+                tracing::debug!(condition = ctype, "unit condition reported");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+async fn apply(
+    hosts: &Api<ByoHost>,
+    name: &str,
+    states: &[Option<UnitState>],
+) -> Result<(), kube::Error> {
+    let host = hosts.get_status(name).await?;
+    let previous = host.status.map(|s| s.conditions).unwrap_or_default();
+    let mut conds: Vec<Condition> = previous
+        .into_iter()
+        .filter(|c| REPORTED_UNITS.iter().any(|(_, t)| *t == c.type_))
+        .collect();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    for ((unit, ctype), state) in REPORTED_UNITS.iter().zip(states) {
+        if let Some(state) = state {
+            let (ok, reason, message) = condition_for(unit, state);
+            conditions::set(
+                &mut conds,
+                ctype,
+                ok,
+                reason,
+                &message,
+                host.metadata.generation,
+                now.clone(),
+            );
+        }
+    }
+    let patch = serde_json::json!({
+        "apiVersion": byoh_api::API_VERSION,
+        "kind": "ByoHost",
+        "metadata": { "name": name },
+        "status": { "conditions": conds },
+    });
+    hosts
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_conditions() {
+        let s = |l: &str, a: &str, sub: &str| UnitState {
+            load_state: l.into(),
+            active_state: a.into(),
+            sub_state: sub.into(),
+        };
+        assert_eq!(
+            condition_for("kubelet.service", &s("loaded", "active", "running")),
+            (
+                true,
+                "AsExpected",
+                "kubelet.service is active (running)".into()
+            )
+        );
+        assert!(!condition_for("kubelet.service", &s("loaded", "failed", "failed")).0);
+        let (ok, reason, msg) =
+            condition_for("kubelet.service", &s("not-found", "inactive", "dead"));
+        assert!(
+            !ok && reason == "UnitInactive" && msg.contains("not-found"),
+            "{msg}"
+        );
+    }
+}
