@@ -235,3 +235,87 @@ async fn bootstrap_kubeconfig_issues_a_working_token_and_cleans_it_up() {
     let _ = csrs.delete(&csr_name, &DeleteParams::default()).await;
     ns.cleanup(&admin).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_token_is_renewed_when_asked() {
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    let ns = TestNamespace::create(&admin, "bootstrap-kubeconfig-renew")
+        .await
+        .unwrap();
+    let reconciler = tokio::spawn(bootstrapkubeconfig::run(
+        controller_client().await.unwrap(),
+        BootstrapKubeconfigOptions {
+            namespace: Some(ns.name().into()),
+        },
+    ));
+    let (server, ca) = server_and_ca();
+    let bks: Api<BootstrapKubeconfig> = Api::namespaced(admin.clone(), ns.name());
+    let bk = BootstrapKubeconfig::new(
+        "short",
+        BootstrapKubeconfigSpec {
+            api_server: server,
+            certificate_authority_data: ca,
+            ttl_seconds: Some(60), // the shortest the CRD allows
+            renew: true,
+        },
+    );
+    bks.create(&PostParams::default(), &bk).await.unwrap();
+    let token_id = |b: &BootstrapKubeconfig| {
+        b.status
+            .as_ref()
+            .filter(|s| byoh_api::conditions::is_true(&s.conditions, "Ready"))
+            .and_then(|s| s.token_id.clone())
+    };
+    let first = eventually("the first token", Duration::from_secs(30), || async {
+        token_id(&bks.get("short").await.ok()?)
+    })
+    .await;
+    let second = eventually("a renewed token", Duration::from_secs(120), || async {
+        token_id(&bks.get("short").await.ok()?).filter(|id| *id != first)
+    })
+    .await;
+    let system_secrets: Api<Secret> = Api::namespaced(admin.clone(), "kube-system");
+    let new_secret = system_secrets
+        .get(&format!("bootstrap-token-{second}"))
+        .await
+        .unwrap();
+    let secret_half =
+        String::from_utf8(new_secret.data.unwrap()["token-secret"].0.clone()).unwrap();
+    eventually(
+        "the expired token Secret deleted",
+        Duration::from_secs(30),
+        || async {
+            matches!(
+                system_secrets.get(&format!("bootstrap-token-{first}")).await,
+                Err(kube::Error::Api(s)) if s.code == 404
+            )
+            .then_some(())
+        },
+    )
+    .await;
+    let kc = Api::<Secret>::namespaced(admin.clone(), ns.name())
+        .get(&bootstrapkubeconfig::kubeconfig_secret_name("short"))
+        .await
+        .unwrap();
+    let text = String::from_utf8(kc.data.unwrap()["kubeconfig"].0.clone()).unwrap();
+    assert!(text.contains(&format!("{second}.{secret_half}")));
+
+    bks.delete("short", &DeleteParams::default()).await.unwrap();
+    eventually(
+        "the renewed token Secret deleted",
+        Duration::from_secs(30),
+        || async {
+            matches!(
+                system_secrets.get(&format!("bootstrap-token-{second}")).await,
+                Err(kube::Error::Api(s)) if s.code == 404
+            )
+            .then_some(())
+        },
+    )
+    .await;
+    reconciler.abort();
+    ns.cleanup(&admin).await.unwrap();
+}
