@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG_DIR := controller/config
 
-.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean
+.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean packages image lint-packages
 
 all: build
 
@@ -12,8 +12,10 @@ all: build
 build:
 	$(CARGO) build --workspace --all-targets
 
-## test: everything CI runs — unit tests, then integration and system tests on the real test bed
-test: verify test-unit test-integration
+## test: everything CI runs — unit tests, packages (built and linted) and the controller image,
+## then integration and system tests on the real test bed (tests/tests/packages.rs installs the
+## .deb on a booted host from dist/)
+test: verify test-unit packages lint-packages image test-integration
 
 ## test-unit: fast tests of pure logic (no API server, no hosts)
 test-unit:
@@ -48,6 +50,19 @@ verify: lint
 	  echo "verify: $(CONFIG_DIR) differs from what the code generates; run 'make manifests' and commit" >&2; exit 1; \
 	fi; \
 	echo "verify: generated manifests are up to date"
+
+## packages: the four byoh-agent packages (deb/rpm × amd64/arm64) in dist/ (docs/packaging.md)
+packages:
+	packaging/build-packages
+
+## lint-packages: lintian (0 errors, 0 warnings) on both .debs, rpmlint (0 errors) on both .rpms.
+## Not part of verify: building packages takes minutes; `make test` runs it after `packages`.
+lint-packages: packages
+	packaging/lint-packages
+
+## image: the controller image as an OCI archive, dist/byoh-controller-<ver>.oci.tar (no Docker)
+image:
+	packaging/build-image
 
 clean:
 	$(CARGO) clean
