@@ -135,6 +135,10 @@ fn debs_hold_the_agent_unit_config_docs_and_completions() {
                 format!("/usr/share/doc/byoh-agent/{doc}"),
             ));
         }
+        expected.insert((
+            "-rw-r--r--".into(),
+            "/usr/share/lintian/overrides/byoh-agent".into(),
+        ));
         assert_eq!(files, expected, "{}", deb.display());
         assert!(
             entries.contains(&("drwxr-xr-x".into(), "/etc/byoh/agent.toml.d".into())),
