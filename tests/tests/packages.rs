@@ -681,6 +681,11 @@ async fn the_deb_installs_upgrades_removes_and_purges_on_a_booted_host() {
     // Forced purge: nothing of ours is left on the host.
     let out = apt(&host, "purge byoh-agent").await;
     assert!(!out.success(), "still refused without the variable");
+    assert_eq!(
+        sums(&host, &kept).await,
+        sums_before,
+        "a second refused purge lost data"
+    );
     let out = host
         .exec(&[
             "sh",
