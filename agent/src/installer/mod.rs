@@ -1636,6 +1636,19 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
                 "reloading unit files for",
                 CONTAINERD_UNIT,
             ))?;
+        let loaded = self
+            .units
+            .state(CONTAINERD_UNIT)
+            .await
+            .map_err(InstallError::unit("reading the state of", CONTAINERD_UNIT))?
+            .load_state
+            != "not-found";
+        if !loaded && !self.recorded(&format!("enable:{CONTAINERD_UNIT}")) {
+            // A containerd binary without a unit (started some other way): leave it alone.
+            return self.warn(format!(
+                "containerd is installed but {CONTAINERD_UNIT} does not exist: restart containerd by hand for SystemdCgroup to apply"
+            ));
+        }
         self.enable(CONTAINERD_UNIT).await?;
         let changed = self.recorded(&file_key(CONTAINERD_CONFIG))
             || self

@@ -1277,3 +1277,41 @@ fn manifest_round_trips_and_plan_uninstall_is_reversed() {
     );
     assert_eq!(plan[2], "remove directory /opt/cni if empty");
 }
+
+#[tokio::test]
+async fn containerd_without_a_unit_is_configured_but_left_alone_with_a_warning() {
+    let b = bed();
+    write(&b.root, "usr/bin/containerd", "#!/bin/sh\n", 0o755);
+    write(
+        &b.root,
+        "etc/containerd/config.toml",
+        DEBIAN_CONTAINERD,
+        0o644,
+    );
+    let units = FakeUnits::default();
+    let runner = FakeRunner::ok();
+    let base = binaries_server().await;
+    let m = install(
+        &request(&b, tarball(&base, &sha(KUBELET))),
+        &os_debian(),
+        &units,
+        &runner,
+        &b.manifest,
+    )
+    .await
+    .unwrap();
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("containerd.service does not exist")),
+        "{:?}",
+        m.warnings
+    );
+    let calls = units.calls.lock().unwrap().clone();
+    assert!(!calls.iter().any(|c| c.contains("containerd")), "{calls:?}");
+    assert!(
+        std::fs::read_to_string(b.root.join("etc/containerd/config.toml"))
+            .unwrap()
+            .contains("SystemdCgroup = true")
+    );
+}
