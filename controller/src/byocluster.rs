@@ -279,6 +279,9 @@ async fn provision(
                 .map_err(Error::kube(format!(
                     "setting spec.controlPlaneEndpoint of ByoCluster {name}"
                 )))?;
+            // The spec change bumps the generation; its event brings the next reconcile,
+            // which reports status with the new observedGeneration.
+            return Ok(Action::await_change());
         }
     }
     let was_provisioned = status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);

@@ -357,7 +357,7 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
             Time(now()),
         );
         if changed {
-            apply_status(&api, &n.name, &status).await?;
+            apply_status(&api, &bm, &status).await?;
         }
         return Ok(Action::await_change());
     }
@@ -376,7 +376,7 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
             return Ok(Action::await_change());
         }
         if let Some(wait) = release(&ctx, &bm, &n, &mut status).await? {
-            apply_status(&api, &n.name, &status).await?;
+            apply_status(&api, &bm, &status).await?;
             return Ok(wait);
         }
         crate::installerconfig::release(&ctx, &bm).await?;
@@ -502,14 +502,14 @@ async fn provision(
                     generation,
                     Time(now()),
                 );
-                apply_status(api, &n.name, &status).await?;
+                apply_status(api, bm, &status).await?;
                 return Ok(Action::await_change());
             }
             status.host_ref = None;
         }
         if let Some((reason, message)) = gate(machine, cluster) {
             wait(&mut status, reason, message, generation);
-            apply_status(api, &n.name, &status).await?;
+            apply_status(api, bm, &status).await?;
             return Ok(Action::await_change());
         }
         let secret = machine
@@ -567,7 +567,7 @@ async fn provision(
                     &format!("no free, live ByoHost fits: {why}"),
                     generation,
                 );
-                apply_status(api, &n.name, &status).await?;
+                apply_status(api, bm, &status).await?;
                 return Ok(Action::requeue(WAIT_FOR_HOST_REQUEUE));
             }
             Claimed::Contended => {
@@ -577,7 +577,7 @@ async fn provision(
                     "every pick was taken by a concurrent claim; retrying",
                     generation,
                 );
-                apply_status(api, &n.name, &status).await?;
+                apply_status(api, bm, &status).await?;
                 return Ok(Action::requeue(Duration::from_millis(
                     200 + rand::random_range(0..800),
                 )));
@@ -617,7 +617,7 @@ async fn provision(
             generation,
             t,
         );
-        apply_status(api, &n.name, &status).await?;
+        apply_status(api, bm, &status).await?;
         return Ok(Action::await_change());
     }
     let provider_id = host
@@ -648,7 +648,7 @@ async fn provision(
         generation,
         t,
     );
-    apply_status(api, &n.name, &status).await?;
+    apply_status(api, bm, &status).await?;
     Ok(Action::await_change())
 }
 
@@ -695,20 +695,22 @@ async fn claim_host(
     for _ in 0..MAX_PICKS {
         let hosts = ctx.hosts.state();
         let pick = {
-            let mut claims = ctx.claims();
-            claims.expire(Instant::now());
-            let mut exclude = claims.reserved_keys();
-            exclude.extend(tried.iter().cloned());
+            // The lock is not held while selecting: the reservation is checked again below.
+            let exclude = {
+                let mut claims = ctx.claims();
+                claims.expire(Instant::now());
+                let mut exclude = claims.reserved_keys();
+                exclude.extend(tried.iter().cloned());
+                exclude
+            };
             let leases = &ctx.leases;
             let selection = selection::select(
                 &hosts,
                 |h: &ByoHost| {
-                    leases
-                        .get(
-                            &ObjectRef::new(&h.name_any())
-                                .within(h.namespace().as_deref().unwrap_or_default()),
-                        )
-                        .map(|l| (*l).clone())
+                    leases.get(
+                        &ObjectRef::new(h.metadata.name.as_deref().unwrap_or_default())
+                            .within(h.metadata.namespace.as_deref().unwrap_or_default()),
+                    )
                 },
                 &exclude,
                 req,
@@ -718,6 +720,11 @@ async fn claim_host(
             match selection.chosen {
                 Some(h) => {
                     let key = host_key(&n.ns, &h.name_any());
+                    let mut claims = ctx.claims();
+                    if claims.reserved.contains_key(&key) {
+                        // Another reconcile of this process took it meanwhile.
+                        continue;
+                    }
                     claims.reserved.insert(key.clone(), Instant::now());
                     (key, h.clone())
                 }
@@ -738,6 +745,11 @@ async fn claim_host(
                 ctx.claims()
                     .made
                     .insert(n.uid.clone(), (h.clone(), Instant::now()));
+                // With leader election only one instance reconciles; without it, two may
+                // have claimed a host each for this ByoMachine.
+                if ctx.settings.leader_elect {
+                    return Ok(Claimed::Host(h));
+                }
                 return Ok(Claimed::Host(keep_one(ctx, &api, n, h).await?));
             }
             Ok(Attempt::Lost) => {
@@ -1050,18 +1062,24 @@ async fn release(
     Ok(Some(Action::requeue(next + Duration::from_millis(500))))
 }
 
+/// Applies `status` (server-side apply, field manager `byoh-controller`) unless it equals what
+/// `bm` already has.
 async fn apply_status(
     api: &Api<ByoMachine>,
-    name: &str,
+    bm: &ByoMachine,
     status: &ByoMachineStatus,
 ) -> Result<(), Error> {
+    if bm.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let name = bm.name_any();
     let patch = serde_json::json!({
         "apiVersion": byoh_api::API_VERSION,
         "kind": "ByoMachine",
         "status": status,
     });
     api.patch_status(
-        name,
+        &name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&patch),
     )

@@ -13,6 +13,7 @@ use byoh_api::labels;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashSet};
 
 /// How many equally good hosts the random pick chooses among.
@@ -200,9 +201,9 @@ impl Selection<'_> {
 /// Picks a host for `req` among `hosts` (any namespace; others are skipped silently).
 /// `lease_of` returns the Lease of a host (same name and namespace); `in_flight` names hosts
 /// (`namespace/name`) this controller is claiming right now. `rng` picks among equals.
-pub fn select<'a, R: rand::Rng + ?Sized>(
+pub fn select<'a, R: rand::Rng + ?Sized, L: std::borrow::Borrow<Lease>>(
     hosts: &'a [impl AsRef<ByoHost>],
-    lease_of: impl Fn(&ByoHost) -> Option<Lease>,
+    lease_of: impl Fn(&ByoHost) -> Option<L>,
     in_flight: &HashSet<String>,
     req: &Request<'_>,
     now: Timestamp,
@@ -224,18 +225,22 @@ pub fn select<'a, R: rand::Rng + ?Sized>(
                 .or_default() += 1;
         }
         let lease = lease_of(host);
-        let verdict = eligibility(host, lease.as_ref(), req, now).and_then(|()| {
-            let key = format!(
-                "{}/{}",
-                req.namespace,
-                host.metadata.name.as_deref().unwrap_or_default()
-            );
-            if in_flight.contains(&key) {
-                Err(Rejection::InFlight)
-            } else {
-                Ok(())
-            }
-        });
+        let verdict =
+            eligibility(host, lease.as_ref().map(Borrow::borrow), req, now).and_then(|()| {
+                if in_flight.is_empty() {
+                    return Ok(());
+                }
+                let key = format!(
+                    "{}/{}",
+                    req.namespace,
+                    host.metadata.name.as_deref().unwrap_or_default()
+                );
+                if in_flight.contains(&key) {
+                    Err(Rejection::InFlight)
+                } else {
+                    Ok(())
+                }
+            });
         match verdict {
             Ok(()) => eligible.push(host),
             Err(r) => *rejected.entry(r).or_default() += 1,
@@ -252,19 +257,23 @@ pub fn select<'a, R: rand::Rng + ?Sized>(
             .unwrap_or(0);
         (version_miss, domain_load)
     };
-    eligible.sort_by(|a, b| {
-        rank(a)
-            .cmp(&rank(b))
-            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
-    });
-    let chosen = eligible.first().map(|best| {
-        let best_rank = rank(best);
-        let equals = eligible
+    // One pass for the best rank, then the first PICK_AMONG of that rank by name, then
+    // a random one of those: O(n), the pool may hold thousands of hosts.
+    let ranked: Vec<((bool, usize), &ByoHost)> =
+        eligible.into_iter().map(|h| (rank(h), h)).collect();
+    let chosen = ranked.iter().map(|(r, _)| *r).min().map(|best_rank| {
+        let mut best: Vec<&ByoHost> = ranked
             .iter()
-            .take(PICK_AMONG)
-            .take_while(|h| rank(h) == best_rank)
-            .count();
-        eligible[rng.random_range(0..equals)]
+            .filter(|(r, _)| *r == best_rank)
+            .map(|(_, h)| *h)
+            .collect();
+        let by_name = |a: &&ByoHost, b: &&ByoHost| a.metadata.name.cmp(&b.metadata.name);
+        if best.len() > PICK_AMONG {
+            best.select_nth_unstable_by(PICK_AMONG - 1, by_name);
+            best.truncate(PICK_AMONG);
+        }
+        best.sort_by(by_name);
+        best[rng.random_range(0..best.len())]
     });
     Selection { chosen, rejected }
 }

@@ -250,7 +250,7 @@ async fn happy_path_claim_provision_and_normal_release() {
         "host-1",
         json!({
             "phase": "Provisioned",
-            "observedMachineUid": uid,
+            "observedMachineUID": uid,
             "conditions": [
                 {"type": "Registered", "status": "True", "reason": "AsExpected", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"},
                 {"type": "BootstrapSucceeded", "status": "True", "reason": "AsExpected", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
@@ -314,7 +314,7 @@ async fn happy_path_claim_provision_and_normal_release() {
         &client,
         &n,
         "host-1",
-        json!({"phase": "Available", "cleanedMachineUid": uid}),
+        json!({"phase": "Available", "cleanedMachineUID": uid}),
     )
     .await;
     eventually("ByoMachine gone", T, || async {
@@ -493,7 +493,7 @@ async fn selection_skips_expired_leases_wrong_arch_needs_cleanup_and_busy_hosts(
             "dirty",
             &PatchParams::default(),
             &Patch::Merge(
-                json!({"spec": {"needsCleanup": {"machineUid": "old", "reason": "ForcedRelease"}}}),
+                json!({"spec": {"needsCleanup": {"machineUID": "old", "reason": "ForcedRelease"}}}),
             ),
         )
         .await
@@ -749,7 +749,7 @@ async fn release_of_offline_forced_timed_out_and_vanished_hosts() {
         &client,
         &n,
         "forced",
-        json!({"cleanedMachineUid": forced_uid}),
+        json!({"cleanedMachineUID": forced_uid}),
     )
     .await;
     eventually("needsCleanup cleared", T, || async {
@@ -766,7 +766,7 @@ async fn release_of_offline_forced_timed_out_and_vanished_hosts() {
         &client,
         &n,
         "slow",
-        json!({"cleanedMachineUid": "someone-else"}),
+        json!({"cleanedMachineUID": "someone-else"}),
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
