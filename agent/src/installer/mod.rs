@@ -529,7 +529,11 @@ enum Step {
     Enable(&'static str),
     Start(&'static str),
     Packages(packages::PackageSteps),
+    /// Something the operator should know, kept as a warning in the manifest.
+    Note(String),
 }
+
+const NO_CONTAINERD: &str = "containerd was not found (/usr/bin, /usr/local/bin, /usr/sbin) and no containerd bundle is given: its cgroup driver is not configured; the kubelet needs a container runtime";
 
 fn file_key(path: &str) -> String {
     format!("file:{path}")
@@ -587,6 +591,8 @@ fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) -> Vec<Step> 
             if containerd_present(&req.root) {
                 v.push(Step::ContainerdConfig);
                 v.push(Step::ContainerdService);
+            } else {
+                v.push(Step::Note(NO_CONTAINERD.into()));
             }
             v.push(Step::Packages(packages::PackageSteps::new(
                 p,
@@ -635,6 +641,8 @@ fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) -> Vec<Step> 
             if t.containerd.is_some() || containerd_present(&req.root) {
                 v.push(Step::ContainerdConfig);
                 v.push(Step::ContainerdService);
+            } else {
+                v.push(Step::Note(NO_CONTAINERD.into()));
             }
             for (name, _, bundle) in &artifacts {
                 if !bundle {
@@ -855,6 +863,7 @@ pub fn plan_install(
             }
             Step::Start(unit) => out.push(planned(format!("start {unit} if not active"))),
             Step::Packages(p) => out.extend(p.plan().into_iter().map(planned)),
+            Step::Note(n) => out.push(planned(format!("note: {n}"))),
         }
     }
     Ok(out)
@@ -1297,6 +1306,12 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
             Step::Enable(unit) => self.enable(unit).await,
             Step::Start(unit) => self.start(unit).await,
             Step::Packages(p) => p.apply(self).await,
+            Step::Note(n) => {
+                if self.manifest.warnings.contains(n) {
+                    return Ok(());
+                }
+                self.warn(n.clone())
+            }
         }
     }
 

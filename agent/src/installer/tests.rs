@@ -1315,3 +1315,31 @@ async fn containerd_without_a_unit_is_configured_but_left_alone_with_a_warning()
             .contains("SystemdCgroup = true")
     );
 }
+
+#[tokio::test]
+async fn without_containerd_the_plan_and_the_manifest_say_so() {
+    let b = bed();
+    let base = binaries_server().await;
+    let req = request(&b, tarball(&base, &sha(KUBELET)));
+    let plan = plan_install(&req, &os_debian()).unwrap();
+    assert!(
+        plan.iter()
+            .any(|p| p.summary.starts_with("note: containerd was not found")),
+        "{plan:?}"
+    );
+    let units = FakeUnits::default();
+    let m = install(&req, &os_debian(), &units, &FakeRunner::ok(), &b.manifest)
+        .await
+        .unwrap();
+    assert_eq!(
+        m.warnings
+            .iter()
+            .filter(|w| w.starts_with("containerd was not found"))
+            .count(),
+        1
+    );
+    assert!(
+        !b.root.join("etc/containerd/config.toml").exists(),
+        "nothing generated without containerd"
+    );
+}
