@@ -244,7 +244,7 @@ async fn a_host_reaches_only_its_own_objects() {
                     "a",
                     &PatchParams::default(),
                     &Patch::Merge(
-                        json!({ "spec": { "needsCleanup": { "machineUid": "u", "reason": "r" } } }),
+                        json!({ "spec": { "needsCleanup": { "machineUID": "u", "reason": "r" } } }),
                     ),
                 )
                 .await,
