@@ -3,7 +3,9 @@
 //! [`run`] starts, in this order: the metrics/health server, leader election (a
 //! `coordination.k8s.io/v1` Lease [`LEADER_LEASE`] through `kube-lease-manager`), the shared
 //! caches (ByoHosts and Leases: host selection reads them instead of listing the pool on every
-//! reconcile), and the ByoCluster and ByoMachine controllers. It returns when `shutdown`
+//! reconcile), the ByoCluster and ByoMachine controllers, and alongside them the CSR approver
+//! ([`crate::csr`]), the BootstrapKubeconfig reconciler ([`crate::bootstrapkubeconfig`]) and the
+//! per-host access reconciler ([`crate::hostaccess`]). It returns when `shutdown`
 //! resolves (SIGTERM in `main`): the controllers finish the reconciles in flight, and the
 //! leader Lease is released so that a successor takes over at once. Losing leadership is an
 //! error (the process exits and its Pod restarts), as in controller-runtime.
@@ -480,8 +482,12 @@ async fn run_controllers(
             namespace: ctx.settings.namespace.clone(),
         },
     );
-    // TODO(part B): per-host access (`crate::hostaccess`) joins this select once its `run`
-    // entry point is committed.
+    let host_access = crate::hostaccess::run(
+        client.clone(),
+        crate::hostaccess::HostAccessOptions {
+            namespace: ctx.settings.namespace.clone(),
+        },
+    );
     let component = |component: &'static str, r: anyhow::Result<()>| match r {
         Ok(()) => Ok(()),
         Err(e) => Err(RunError::Component {
@@ -502,6 +508,7 @@ async fn run_controllers(
         () = readiness.then(|()| futures::future::pending::<()>()) => {}
         r = csr => return component("CSR approver", r),
         r = bootstrap_kubeconfigs => return component("BootstrapKubeconfig reconciler", r),
+        r = host_access => return component("per-host access reconciler", r),
     }
     tracing::info!("controllers stopped");
     Ok(())
