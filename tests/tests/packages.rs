@@ -221,17 +221,8 @@ fn rpms_hold_the_agent_unit_preset_config_and_scriptlets() {
             "/usr/share/licenses/byoh-agent/LICENSE".into(),
         ));
         assert_eq!(files, expected, "{}", rpm.display());
-        for dir in [
-            ("drwxr-xr-x", "/etc/byoh"),
-            ("drwxr-xr-x", "/etc/byoh/agent.toml.d"),
-            ("drwx------", "/var/lib/byoh"),
-        ] {
-            assert!(
-                entries.contains(&(dir.0.into(), dir.1.into())),
-                "{}: no {dir:?} in {entries:?}",
-                rpm.display()
-            );
-        }
+        // No directory entries (cargo-generate-rpm 0.21.1 cannot make them): %post creates
+        // /etc/byoh/agent.toml.d and tmpfiles.d /var/lib/byoh.
         assert_eq!(q("%{ARCH}"), arch);
         assert_eq!(q("%{VERSION}-%{RELEASE}"), format!("{VERSION}-1"));
         // %config(noreplace): flags c (config) and n (noreplace).
@@ -248,6 +239,7 @@ fn rpms_hold_the_agent_unit_preset_config_and_scriptlets() {
             "systemctl --no-reload disable --now byoh-agent.service",
             "systemctl try-restart byoh-agent.service",
             "systemd-tmpfiles --create /usr/lib/tmpfiles.d/byoh-agent.conf",
+            "install -d -m 0755 /etc/byoh/agent.toml.d",
         ] {
             assert!(scripts.contains(needle), "{needle:?} not in: {scripts}");
         }
