@@ -64,14 +64,18 @@ pub async fn report_loop(
             let (unit, ctype) = REPORTED_UNITS[i];
             tracing::info!(unit, "{unit} is now {}", state.describe());
             last[i] = Some(state);
-            if let Err(e) = apply(&hosts, &name, &last).await {
+            // Retry until reported (the API server may be away); later changes wait meanwhile
+            // and are folded in, since `last` always holds the newest states.
+            let mut delay = Duration::from_secs(1);
+            while let Err(e) = apply(&hosts, &name, &last).await {
                 tracing::warn!(
-                    "reporting unit conditions failed: {e}; will retry on the next change"
+                    "reporting unit conditions failed: {e}; retrying in {}s",
+                    delay.as_secs()
                 );
-                last[i] = None;
-            } else {
-                tracing::debug!(condition = ctype, "unit condition reported");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
             }
+            tracing::debug!(condition = ctype, "unit condition reported");
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     }

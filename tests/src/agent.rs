@@ -82,8 +82,8 @@ pub async fn create_bootstrap_token(
 }
 
 /// Grants what hosts need until the controller maintains per-host RBAC: bootstrappers and hosts
-/// may create/read CSRs (cluster-wide, idempotent); hosts may manage ByoHosts and Leases in
-/// `namespace`.
+/// may create/read CSRs (cluster-wide, idempotent); hosts may manage ByoHosts and Leases and
+/// read Secrets and K8sInstallerConfigs in `namespace`.
 ///
 /// Errors when an RBAC object cannot be applied.
 pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::Result<()> {
@@ -159,6 +159,9 @@ pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::
                 &["leases"],
                 &["get", "create", "patch", "update"],
             ),
+            // Bootstrap data and installer configs (the controller narrows these per host).
+            rule(&[""], &["secrets"], &["get"]),
+            rule(&[byoh_api::GROUP], &["k8sinstallerconfigs"], &["get"]),
         ]),
     };
     let mut v = serde_json::to_value(&role)?;
@@ -339,4 +342,161 @@ where
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Registers `host` with the control plane of `admin_kubeconfig` as an operator would: RBAC,
+/// a bootstrap token, the agent installed with `extra_config` appended to its config (namespace
+/// and bootstrap kubeconfig set), started, its CSR approved; returns once the ByoHost is
+/// `Available`.
+///
+/// Errors when any step fails or times out (60 s).
+pub async fn register(
+    client: &kube::Client,
+    admin_kubeconfig: &Path,
+    namespace: &str,
+    host: &Host,
+    extra_config: &str,
+) -> anyhow::Result<byoh_api::ByoHost> {
+    grant_host_rbac(client, namespace).await?;
+    let token = create_bootstrap_token(client, Duration::from_secs(3600)).await?;
+    let bootstrap = bootstrap_kubeconfig(admin_kubeconfig, &token)?;
+    let config = format!(
+        "[cluster]\nnamespace = \"{namespace}\"\nbootstrap_kubeconfig = \"/etc/byoh/bootstrap-kubeconfig\"\n[agent]\nlease_duration = \"15s\"\n{extra_config}"
+    );
+    install_agent(host, &config, Some(&bootstrap)).await?;
+    host.run(&["systemctl", "enable", "--now", "--no-block", "byoh-agent"])
+        .await?;
+    approve_host_csr(client, host.name(), Duration::from_secs(60)).await?;
+    let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
+    let name = host.name().to_string();
+    wait_for(
+        "the ByoHost to be Available",
+        Duration::from_secs(60),
+        || async {
+            Ok(hosts.get_opt(&name).await?.filter(|h| {
+                h.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available")
+            }))
+        },
+    )
+    .await
+}
+
+/// Writes a claim on ByoHost `namespace/name` as the controller would (admin client, merge
+/// patch of `spec.claim`), for ByoMachine `machine` with `uid`, bootstrap Secret `secret`.
+///
+/// Errors when the patch is refused.
+pub async fn claim_host(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    machine: &str,
+    uid: &str,
+    secret: &str,
+) -> anyhow::Result<()> {
+    let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({ "spec": { "claim": {
+        "machineRef": { "name": machine, "uid": uid },
+        "clusterName": "test-cluster",
+        "bootstrapSecretRef": { "name": secret },
+        "providerID": format!("byoh://{name}/{}", &uid[..uid.len().min(6)]),
+    }}});
+    hosts
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// Asks for the release of the claim on ByoHost `namespace/name` (as the controller does when
+/// the ByoMachine is deleted).
+///
+/// Errors when the patch is refused.
+pub async fn request_release(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({ "spec": { "claim": { "releaseRequested": true } } });
+    hosts
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// Drops the claim on ByoHost `namespace/name` (as the controller does after the clean-up).
+///
+/// Errors when the patch is refused.
+pub async fn drop_claim(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
+    hosts
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "claim": null } })),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Creates a bootstrap data Secret as CAPI's kubeadm bootstrap provider does (type
+/// `cluster.x-k8s.io/secret`, keys `value` and `format: cloud-config`).
+///
+/// Errors when the Secret cannot be created.
+pub async fn create_bootstrap_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    cloud_config: &str,
+) -> anyhow::Result<()> {
+    let s = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        type_: Some("cluster.x-k8s.io/secret".into()),
+        string_data: Some(
+            [
+                ("value".to_string(), cloud_config.to_string()),
+                ("format".to_string(), "cloud-config".to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &s)
+        .await?;
+    Ok(())
+}
+
+/// The host's state that a claim and its release must leave unchanged: every file under `/`
+/// (same filesystem) with type, mode, owner and size — except volatile and agent-owned places
+/// (`/proc`, `/sys`, `/dev`, `/run`, `/tmp`, `/var/log`, `/var/cache`, `/var/tmp`,
+/// `/var/lib/byoh`, `/var/lib/systemd`, `/var/lib/apt`, `/var/lib/dpkg`, `/byoh`) — and the
+/// unit files with their enablement (`systemctl list-unit-files`).
+///
+/// Errors when a command inside the host fails.
+pub async fn snapshot(host: &Host) -> anyhow::Result<String> {
+    let files = host
+        .run(&[
+            "sh",
+            "-c",
+            "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/log -o -path /var/cache -o -path /var/tmp -o -path /var/lib/byoh -o -path /var/lib/systemd -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /byoh -o -path /var/lib/containerd \\) -prune -o -printf '%y %m %u:%g %s %p\\n' | sort",
+        ])
+        .await?;
+    let units = host
+        .run(&["systemctl", "list-unit-files", "--no-legend", "--no-pager"])
+        .await?;
+    Ok(format!("{files}\n--- units ---\n{units}"))
+}
+
+/// Lines present in only one of two snapshots, each prefixed `-` (before) or `+` (after).
+pub fn snapshot_diff(before: &str, after: &str) -> Vec<String> {
+    let b: std::collections::BTreeSet<&str> = before.lines().collect();
+    let a: std::collections::BTreeSet<&str> = after.lines().collect();
+    b.difference(&a)
+        .map(|l| format!("-{l}"))
+        .chain(a.difference(&b).map(|l| format!("+{l}")))
+        .collect()
 }

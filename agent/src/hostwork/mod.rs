@@ -310,11 +310,17 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         state: &HostState,
         set: &[(&str, bool, &str, &str)],
     ) -> Result<(), WorkError> {
-        let previous = host
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
+        // The watched object may be older than this worker's last report: read the conditions
+        // fresh so an earlier report is never undone.
+        let hosts: Api<ByoHost> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let fresh = hosts
+            .get_status(&self.settings.name)
+            .await
+            .map_err(|source| WorkError::Api {
+                action: "reading the ByoHost status".into(),
+                source,
+            })?;
+        let previous = fresh.status.map(|s| s.conditions).unwrap_or_default();
         let owned = [
             types::READY,
             types::BOOTSTRAP_SUCCEEDED,
@@ -352,7 +358,6 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 "conditions": conds,
             },
         });
-        let hosts: Api<ByoHost> = Api::namespaced(self.client.clone(), &self.settings.namespace);
         hosts
             .patch_status(
                 &self.settings.name,

@@ -39,15 +39,27 @@ impl SystemdManager {
         Ok(SystemdManager { conn, manager })
     }
 
-    async fn unit_proxy(&self, unit: &str) -> Result<UnitProxy<'static>, SystemdError> {
+    /// A proxy for `unit` (loaded if needed). `cached` keeps a property cache that the unit's
+    /// PropertiesChanged signals update — required for the `receive_*_changed` streams; without
+    /// it every property read is a fresh D-Bus call.
+    async fn unit_proxy(
+        &self,
+        unit: &str,
+        cached: bool,
+    ) -> Result<UnitProxy<'static>, SystemdError> {
         let path = self
             .manager
             .load_unit(unit.to_string())
             .await
             .map_err(bus("LoadUnit", unit))?;
+        let cache = if cached {
+            zbus::proxy::CacheProperties::Yes
+        } else {
+            zbus::proxy::CacheProperties::No
+        };
         UnitProxy::builder(&self.conn)
             .path(path)
-            .cache_properties(zbus::proxy::CacheProperties::No)
+            .cache_properties(cache)
             .build()
             .await
             .map_err(bus("Unit", unit))
@@ -101,15 +113,19 @@ impl SystemdManager {
         &self,
         unit: &str,
     ) -> Result<impl Stream<Item = UnitState> + Send + 'static, SystemdError> {
-        let proxy = self.unit_proxy(unit).await?;
-        let active = proxy.receive_active_state_changed().await.map(|_| ());
-        let sub = proxy.receive_sub_state_changed().await.map(|_| ());
+        // Signals come through a caching proxy; states are read through an uncached one, since
+        // the cache never refreshes `LoadState` (a "const" property) after a daemon-reload.
+        let signals = self.unit_proxy(unit, true).await?;
+        let reader = self.unit_proxy(unit, false).await?;
+        let active = signals.receive_active_state_changed().await.map(|_| ());
+        let sub = signals.receive_sub_state_changed().await.map(|_| ());
         let changes = futures::stream::select(active, sub);
         let first = futures::stream::once(async {});
         Ok(first.chain(changes).then(move |()| {
-            let proxy = proxy.clone();
+            let _keep_subscribed = &signals;
+            let reader = reader.clone();
             async move {
-                read_state(&proxy).await.unwrap_or_else(|_| UnitState {
+                read_state(&reader).await.unwrap_or_else(|_| UnitState {
                     load_state: "unknown".into(),
                     active_state: "unknown".into(),
                     sub_state: "unknown".into(),
@@ -178,7 +194,7 @@ impl UnitManager for SystemdManager {
     }
 
     async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
-        let proxy = self.unit_proxy(unit).await?;
+        let proxy = self.unit_proxy(unit, false).await?;
         read_state(&proxy)
             .await
             .map_err(bus("Get unit properties", unit))
