@@ -154,7 +154,7 @@ async fn register(
             Err(e) if e.is_transient() => {
                 notify::extend_startup(u32::try_from(delay.as_secs()).unwrap_or(60) + 30);
                 notify::status(&format!(
-                    "Cannot reach the API server ({e}); retrying in {}s",
+                    "Registration failed ({e}); retrying in {}s",
                     delay.as_secs()
                 ));
                 tracing::warn!("registration failed: {e}; retrying");
@@ -247,6 +247,9 @@ async fn serve(
             root: "/".into(),
             ignore_modules: settings.ignore_modules.clone(),
             command_timeout: settings.command_timeout,
+            download_dir: settings.download_dir.clone(),
+            skip_installation: settings.skip_installation,
+            host_info: facts.host_info.clone(),
         },
         systemd.clone(),
         crate::cloudinit::TokioRunner,

@@ -31,11 +31,13 @@ pub struct RegistrationError {
 }
 
 impl RegistrationError {
-    /// Whether the error is the API server being unreachable or failing (worth a retry), as
-    /// opposed to a refusal (403, 422) that needs an operator.
+    /// Whether the error is worth a retry (the API server unreachable or failing, or access not
+    /// granted yet), as opposed to a refusal (401, 404, 422) that needs an operator.
+    /// 403 counts as transient too: right after its ByoHost is created, a host waits for the
+    /// controller to grant it access to that ByoHost and its Lease (a few seconds).
     pub fn is_transient(&self) -> bool {
         match &self.source {
-            kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 409,
+            kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 409 || s.code == 403,
             _ => true,
         }
     }
@@ -96,13 +98,15 @@ impl Registration {
             labels::HOST_ARCH.into(),
             facts.host_info.architecture.clone(),
         );
-        if self
-            .hosts
-            .get_opt(&self.name)
-            .await
-            .map_err(self.err("reading", "ByoHost"))?
-            .is_none()
-        {
+        // Create first: a new host may not read its ByoHost before the controller has made its
+        // per-host Role, which it does once the ByoHost exists (403 on the read means "not
+        // readable yet", not "refused").
+        let exists = match self.hosts.get_opt(&self.name).await {
+            Ok(found) => found.is_some(),
+            Err(kube::Error::Api(s)) if s.code == 403 => false,
+            Err(e) => return Err(self.err("reading", "ByoHost")(e)),
+        };
+        if !exists {
             let mut host = ByoHost::new(&self.name, Default::default());
             host.metadata.labels = Some(all.clone());
             match self

@@ -7,7 +7,8 @@
 //! `cleanedMachineUID` and the conditions `Ready`, `BootstrapSucceeded`, `CleanupSucceeded`.
 //!
 //! Bootstrap: read the bootstrap Secret → parse and validate the cloud-config (nothing runs if
-//! it is refused) → write the kubelet provider-id drop-in → `write_files` one by one (backing up
+//! it is refused) → install Kubernetes components if the claim names a K8sInstallerConfig
+//! ([`crate::installer`], resumable) → write the kubelet provider-id drop-in → `write_files` one by one (backing up
 //! files that existed) → `runcmd` one by one → success is the CAPI sentinel
 //! `/run/cluster-api/bootstrap-success.complete`. It runs at most once per (ByoMachine UID,
 //! bootstrap Secret resourceVersion).
@@ -15,7 +16,8 @@
 //! Clean-up (release requested, a `needsCleanup` mark, or leftovers of a claim that is gone):
 //! `kubeadm reset --force` if kubeadm exists → stop and disable kubelet → remove what bootstrap
 //! created (restoring backed-up files) and the Kubernetes runtime directories that did not
-//! exist before the claim → daemon-reload → report `cleanedMachineUID`. Every step is
+//! exist before the claim → daemon-reload → uninstall exactly what the installer recorded →
+//! report `cleanedMachineUID`. Every step is
 //! idempotent; missing tools, units and files are skipped.
 
 use crate::cloudinit::{self, CommandRunner, InstanceData, RawCommand, ValidateOptions};
@@ -151,6 +153,9 @@ pub enum WorkError {
     /// A systemd operation failed.
     #[error(transparent)]
     Systemd(#[from] crate::systemd::SystemdError),
+    /// The uninstall of what the installer recorded failed.
+    #[error(transparent)]
+    Uninstall(#[from] crate::installer::InstallError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkError + '_ {
@@ -175,6 +180,13 @@ pub struct WorkSettings {
     pub ignore_modules: Vec<String>,
     /// Timeout of one runcmd entry.
     pub command_timeout: Duration,
+    /// Where installer artifacts are downloaded (`[agent] download_dir`).
+    pub download_dir: PathBuf,
+    /// Kubernetes components are pre-installed: never run the installer (`[host]
+    /// skip_installation`).
+    pub skip_installation: bool,
+    /// This host's facts (the installer picks apt or dnf and checks the architecture).
+    pub host_info: byoh_api::byohost::HostInfo,
 }
 
 /// The worker: one round of [`HostWorker::work`] per change of the ByoHost (and retries).
@@ -325,6 +337,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             types::READY,
             types::BOOTSTRAP_SUCCEEDED,
             types::CLEANUP_SUCCEEDED,
+            types::K8S_COMPONENTS_INSTALLED,
         ];
         let mut conds: Vec<Condition> = previous
             .into_iter()
@@ -550,6 +563,119 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .await;
             }
         };
+
+        // Kubernetes components, if the claim asks for them (resumable: the installer keeps
+        // its own manifest of every change, which the clean-up reverts).
+        let step = "install";
+        if let Some(installer_ref) = claim
+            .installer_ref
+            .as_ref()
+            .filter(|_| !self.settings.skip_installation)
+            && !state.claim.as_ref().is_some_and(|w| w.done(step))
+        {
+            failpoint(step).await;
+            self.record_start(state, step, Rerun::Idempotent)?;
+            if let Some(w) = state.claim.as_mut() {
+                w.installed = true;
+            }
+            self.save(state)?;
+            notify::status(&format!(
+                "Installing Kubernetes components for ByoMachine {}/{machine}",
+                self.settings.namespace
+            ));
+            self.report(
+                host,
+                phase::INSTALLING,
+                state,
+                &[(
+                    types::K8S_COMPONENTS_INSTALLED,
+                    false,
+                    reasons::WAITING_FOR_BOOTSTRAP,
+                    "installing",
+                )],
+            )
+            .await?;
+            let configs: Api<byoh_api::K8sInstallerConfig> =
+                Api::namespaced(self.client.clone(), &self.settings.namespace);
+            let config =
+                configs
+                    .get(&installer_ref.name)
+                    .await
+                    .map_err(|source| WorkError::Api {
+                        action: format!("reading K8sInstallerConfig {}", installer_ref.name),
+                        source,
+                    })?;
+            let version = claim.kubernetes_version.clone().or_else(|| {
+                config
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.kubernetes_version.clone())
+            });
+            let Some(kubernetes_version) = version else {
+                let message = format!(
+                    "neither the claim nor K8sInstallerConfig {} names a Kubernetes version",
+                    installer_ref.name
+                );
+                self.record_finish(state, step, Err(message.clone()))?;
+                return self
+                    .fail(host, state, reasons::INSTALLATION_FAILED, message)
+                    .await;
+            };
+            let request = crate::installer::InstallRequest {
+                kubernetes_version,
+                spec: config.spec.clone(),
+                download_dir: self.settings.download_dir.clone(),
+                root: self.settings.root.clone(),
+            };
+            let manifest = self
+                .settings
+                .state_dir
+                .join(crate::installer::MANIFEST_FILE);
+            match crate::installer::install(
+                &request,
+                &self.settings.host_info,
+                &self.units,
+                &self.runner,
+                &manifest,
+            )
+            .await
+            {
+                Ok(_) => {
+                    self.record_finish(state, step, Ok(()))?;
+                    self.report(
+                        host,
+                        phase::BOOTSTRAPPING,
+                        state,
+                        &[(
+                            types::K8S_COMPONENTS_INSTALLED,
+                            true,
+                            reasons::AS_EXPECTED,
+                            "installed as the K8sInstallerConfig asks",
+                        )],
+                    )
+                    .await?;
+                }
+                Err(e) => {
+                    self.record_finish(state, step, Err(e.to_string()))?;
+                    let message = e.to_string();
+                    self.report(
+                        host,
+                        phase::FAILED,
+                        state,
+                        &[(
+                            types::K8S_COMPONENTS_INSTALLED,
+                            false,
+                            reasons::INSTALLATION_FAILED,
+                            &message,
+                        )],
+                    )
+                    .await?;
+                    return self
+                        .fail(host, state, reasons::INSTALLATION_FAILED, message)
+                        .await;
+                }
+            }
+        }
 
         // The kubelet learns its providerID before anything else runs.
         let step = "provider-id";
@@ -842,6 +968,15 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             let _ = std::fs::remove_dir_all(&backups);
             me.units.daemon_reload().await?;
             Ok(())
+        })
+        .await?;
+
+        self.cleanup_step(state, "uninstall", |me| async move {
+            let manifest = me.settings.state_dir.join(crate::installer::MANIFEST_FILE);
+            Ok(
+                crate::installer::uninstall(&manifest, &me.settings.root, &me.units, &me.runner)
+                    .await?,
+            )
         })
         .await?;
 
