@@ -360,6 +360,13 @@ pub async fn run(
     result
 }
 
+/// Cached objects do without `metadata.managedFields` (often the larger part of an object).
+/// An update built from a cached object then omits the field, which leaves the server's
+/// record as it is.
+fn drop_managed_fields<K: kube::Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
 fn leader_namespace(client: &Client, settings: &Settings) -> String {
     settings
         .leader_election_namespace
@@ -411,7 +418,7 @@ async fn run_controllers(
     let host_ctx = ctx.clone();
     let host_cache = reflector::reflector(
         hosts_writer,
-        watcher(host_api, watcher::Config::default().any_semantic()),
+        watcher(host_api, watcher::Config::default().any_semantic()).modify(drop_managed_fields),
     )
     .default_backoff()
     .applied_objects()
@@ -424,7 +431,7 @@ async fn run_controllers(
     });
     let lease_cache = reflector::reflector(
         leases_writer,
-        watcher(lease_api, watcher::Config::default().any_semantic()),
+        watcher(lease_api, watcher::Config::default().any_semantic()).modify(drop_managed_fields),
     )
     .default_backoff()
     .for_each(|_| futures::future::ready(()));
@@ -439,14 +446,18 @@ async fn run_controllers(
             Api::all_with(client.clone(), &crate::capi::machine_resource()),
         ),
     };
-    let cluster_cache =
-        reflector::reflector(clusters_writer, watcher(cluster_api, ctx.watch_config()))
-            .default_backoff()
-            .for_each(|_| futures::future::ready(()));
-    let machine_cache =
-        reflector::reflector(machines_writer, watcher(machine_api, ctx.watch_config()))
-            .default_backoff()
-            .for_each(|_| futures::future::ready(()));
+    let cluster_cache = reflector::reflector(
+        clusters_writer,
+        watcher(cluster_api, ctx.watch_config()).modify(drop_managed_fields),
+    )
+    .default_backoff()
+    .for_each(|_| futures::future::ready(()));
+    let machine_cache = reflector::reflector(
+        machines_writer,
+        watcher(machine_api, ctx.watch_config()).modify(drop_managed_fields),
+    )
+    .default_backoff()
+    .for_each(|_| futures::future::ready(()));
 
     let gauges_ctx = ctx.clone();
     let gauges = async move {

@@ -330,5 +330,7 @@ async fn bench() {
         mib(hwm.max(rss_peak)),
         mark(mib(hwm.max(rss_peak)) <= 150.0)
     );
+    // The controller is gone: its finalizers would keep the namespace `Terminating`.
+    strip_finalizers(&client, &n).await;
     ns.cleanup(&client).await.unwrap();
 }

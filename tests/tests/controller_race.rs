@@ -151,9 +151,7 @@ async fn thirty_machines_race_for_twenty_hosts_across_two_controllers() {
         }
     }
     assert_eq!(named.len(), 20);
-    a.stop().await;
-    b.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![a, b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -200,6 +198,5 @@ async fn leader_election_hands_the_lease_over_on_shutdown() {
         get_host(&client, &n, "h1").await.spec.claim
     })
     .await;
-    b.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![b]).await;
 }

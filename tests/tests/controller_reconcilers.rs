@@ -106,8 +106,7 @@ async fn byocluster_is_provisioned_paused_and_deleted_after_its_machines() {
         api.get_opt("c1").await.unwrap().is_none().then_some(())
     })
     .await;
-    ctl.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![ctl]).await;
 }
 
 fn bm_like(bc: &ByoCluster) -> Option<(String, String)> {
@@ -348,8 +347,7 @@ async fn happy_path_claim_provision_and_normal_release() {
         },
     )
     .await;
-    ctl.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![ctl]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -401,8 +399,7 @@ async fn waits_for_cluster_infrastructure_bootstrap_data_and_control_plane() {
     })
     .await;
     assert_eq!(h.bootstrap_secret_ref.name, "w1-data");
-    ctl.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![ctl]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -454,8 +451,7 @@ async fn two_machines_one_host_then_a_new_host_is_claimed_on_its_event() {
         .map(|h| h.spec.claim.clone().unwrap().machine_ref.name)
         .collect();
     assert_eq!(machines.len(), 2, "{machines:?}");
-    ctl.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![ctl]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -581,8 +577,7 @@ async fn selection_skips_expired_leases_wrong_arch_needs_cleanup_and_busy_hosts(
             "{other} must stay free"
         );
     }
-    ctl.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![ctl]).await;
 }
 
 async fn claimed_pair(
@@ -777,6 +772,5 @@ async fn release_of_offline_forced_timed_out_and_vanished_hosts() {
             .needs_cleanup
             .is_some()
     );
-    ctl.stop().await;
-    ns.cleanup(&client).await.unwrap();
+    finish(&client, ns, vec![ctl]).await;
 }

@@ -62,6 +62,55 @@ impl Drop for Running {
     }
 }
 
+/// Ends a test: stops the controller, removes the controller's finalizers from what is left
+/// in the namespace (ByoMachines, ByoClusters, K8sInstallerConfigs — with the controller gone
+/// nobody would remove them, and the namespace would stay `Terminating`), and deletes the
+/// namespace.
+pub async fn finish(
+    client: &Client,
+    ns: byoh_tests::control_plane::TestNamespace,
+    controllers: Vec<Running>,
+) {
+    for c in controllers {
+        c.stop().await;
+    }
+    strip_finalizers(client, ns.name()).await;
+    ns.cleanup(client).await.unwrap();
+}
+
+/// Removes every finalizer from the ByoMachines, ByoClusters and K8sInstallerConfigs of `ns`.
+pub async fn strip_finalizers(client: &Client, ns: &str) {
+    use futures::StreamExt;
+    let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    let pp = PatchParams::default();
+    let bms = Api::<ByoMachine>::namespaced(client.clone(), ns);
+    let bcs = Api::<ByoCluster>::namespaced(client.clone(), ns);
+    let cfgs = Api::<byoh_api::K8sInstallerConfig>::namespaced(client.clone(), ns);
+    let mut names: Vec<(u8, String)> = Vec::new();
+    for bm in bms.list_metadata(&Default::default()).await.unwrap().items {
+        names.push((0, bm.name_any()));
+    }
+    for bc in bcs.list_metadata(&Default::default()).await.unwrap().items {
+        names.push((1, bc.name_any()));
+    }
+    for c in cfgs.list_metadata(&Default::default()).await.unwrap().items {
+        names.push((2, c.name_any()));
+    }
+    futures::stream::iter(names)
+        .for_each_concurrent(32, |(kind, name)| {
+            let (bms, bcs, cfgs, patch, pp) = (&bms, &bcs, &cfgs, &patch, &pp);
+            async move {
+                // Gone already is fine.
+                let _ = match kind {
+                    0 => bms.patch(&name, pp, patch).await.map(|_| ()),
+                    1 => bcs.patch(&name, pp, patch).await.map(|_| ()),
+                    _ => cfgs.patch(&name, pp, patch).await.map(|_| ()),
+                };
+            }
+        })
+        .await;
+}
+
 /// Settings for a namespaced test controller without leader election or metrics.
 pub fn settings() -> Settings {
     Settings {
