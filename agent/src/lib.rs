@@ -13,6 +13,7 @@ pub mod hostwork;
 pub mod identity;
 pub mod installer;
 pub mod logging;
+pub mod metrics;
 pub mod reconcile;
 pub mod registration;
 pub mod state;

@@ -77,12 +77,23 @@ pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
     })?;
 
     let systemd = SystemdManager::connect().await?;
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    if let Some(addr) = settings.metrics_address {
+        let bound = crate::metrics::serve(addr, metrics.clone())
+            .await
+            .map_err(|source| AgentError::Io {
+                path: format!("metrics address {addr} ([agent] metrics_address)").into(),
+                source,
+            })?;
+        tracing::info!("serving metrics on http://{bound}/metrics");
+    }
+    let services = Services { systemd, metrics };
     let paths = IdentityPaths::new(&settings.state_dir);
     notify::status("Obtaining the host identity");
     let mut client = obtain_client(&settings, &paths, &name).await?;
     let mut first = true;
     loop {
-        match serve(&settings, &paths, &name, client, &facts, first, &systemd).await? {
+        match serve(&settings, &paths, &name, client, &facts, first, &services).await? {
             Exit::Stop => return Ok(()),
             Exit::Renewed(c) => {
                 client = c;
@@ -128,6 +139,16 @@ fn renewal_due(settings: &Settings, paths: &IdentityPaths) -> Option<SystemTime>
     Some(identity::renewal_time(before, after))
 }
 
+/// Unix time at which the host certificate expires, if the agent holds one.
+fn certificate_expiry(paths: &IdentityPaths) -> Option<u64> {
+    let kc = identity::read_kubeconfig(&paths.kubeconfig).ok()?;
+    let (_, after) = identity::validity(&identity::embedded_certificate(&kc)?)?;
+    after
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs())
+}
+
 async fn register(
     reg: &Registration,
     settings: &Settings,
@@ -166,6 +187,12 @@ async fn register(
     }
 }
 
+/// Long-lived parts shared by every `serve` round.
+struct Services {
+    systemd: SystemdManager,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
 /// Aborts the background tasks of one `serve` round when it ends (renewal or shutdown).
 struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
 
@@ -185,6 +212,7 @@ pub const WORK_RESYNC: Duration = Duration::from_secs(30);
 async fn work_loop(
     worker: HostWorker<SystemdManager, crate::cloudinit::TokioRunner>,
     mut rx: tokio::sync::watch::Receiver<Option<ByoHost>>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 ) {
     let mut delay = Duration::from_secs(1);
     loop {
@@ -196,6 +224,7 @@ async fn work_loop(
                     WORK_RESYNC
                 }
                 Err(e) => {
+                    metrics.host_work_failures.inc();
                     tracing::warn!(
                         retry_in_secs = delay.as_secs(),
                         "host work failed: {e}; retrying"
@@ -221,8 +250,9 @@ async fn serve(
     client: kube::Client,
     facts: &Facts,
     first: bool,
-    systemd: &SystemdManager,
+    services: &Services,
 ) -> Result<Exit, AgentError> {
+    let (systemd, metrics) = (&services.systemd, &services.metrics);
     let reg = Registration::new(client.clone(), &settings.namespace, name);
     notify::status("Registering the ByoHost");
     register(&reg, settings, facts).await?;
@@ -254,7 +284,7 @@ async fn serve(
         systemd.clone(),
         crate::cloudinit::TokioRunner,
     );
-    let work_task = tokio::spawn(work_loop(worker, host_rx));
+    let work_task = tokio::spawn(work_loop(worker, host_rx, metrics.clone()));
     let units_task = tokio::spawn(crate::units::report_loop(
         client.clone(),
         settings.namespace.clone(),
@@ -283,6 +313,11 @@ async fn serve(
     let mut watchdog_tick = tokio::time::interval(
         notify::watchdog_interval().map_or(DEFAULT_WATCHDOG_INTERVAL, |d| d / 2),
     );
+    if let Some(expiry) = certificate_expiry(paths) {
+        metrics
+            .certificate_expiry
+            .set(i64::try_from(expiry).unwrap_or(i64::MAX));
+    }
     let renew_in = renewal_due(settings, paths)
         .map(|t| t.duration_since(SystemTime::now()).unwrap_or_default());
     let renewal = tokio::time::sleep(renew_in.unwrap_or(Duration::from_secs(u64::from(u32::MAX))));
@@ -313,6 +348,7 @@ async fn serve(
             },
             _ = lease_tick.tick() => match call_timeout(settings.lease_duration / 3, reg.renew_lease(settings.lease_duration)).await {
                 Ok(_) => {
+                    metrics.lease_renewals.inc();
                     if let Some(since) = api_down_since.take() {
                         let secs = since.elapsed().unwrap_or_default().as_secs();
                         tracing::info!(outage_secs = secs, "API server reachable again; Lease renewed");
@@ -320,6 +356,7 @@ async fn serve(
                     }
                 }
                 Err(e) => {
+                    metrics.lease_renewal_failures.inc();
                     let since = *api_down_since.get_or_insert_with(SystemTime::now);
                     let secs = since.elapsed().unwrap_or_default().as_secs();
                     notify::status(&format!("Cannot renew the Lease for {secs}s ({e}); retrying"));
