@@ -235,3 +235,74 @@ mod tests {
         assert_ne!(random_suffix(), random_suffix());
     }
 }
+
+/// A control plane of a test's own, for tests that take the API server down (the shared one
+/// must stay up for the others). Started with `tests/control-plane/up` (retried up to three
+/// times: free ports are picked before they are bound, so a parallel start-up may race for one)
+/// and stopped with `tests/control-plane/down` when dropped.
+#[derive(Debug)]
+pub struct PrivateControlPlane {
+    kubeconfig: PathBuf,
+}
+
+impl PrivateControlPlane {
+    /// Starts one.
+    ///
+    /// Errors when three start-ups failed; the error holds the last one's output.
+    pub fn start() -> anyhow::Result<Self> {
+        let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/up");
+        let mut last = String::new();
+        for _ in 0..3 {
+            let out = std::process::Command::new(&up)
+                .output()
+                .with_context(|| format!("running {}", up.display()))?;
+            if out.status.success() {
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                let kubeconfig = stdout.lines().last().unwrap_or_default().trim().into();
+                return Ok(PrivateControlPlane { kubeconfig });
+            }
+            last = String::from_utf8_lossy(&out.stderr).into_owned();
+        }
+        anyhow::bail!("tests/control-plane/up failed three times; last output:\n{last}")
+    }
+
+    /// Its admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// An admin client for it.
+    ///
+    /// Errors when the kubeconfig is unusable.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::try_from(config_from(&self.kubeconfig).await?)?)
+    }
+
+    /// Stops its kube-apiserver for `down_secs` seconds and starts it again
+    /// (`tests/control-plane/restart-apiserver`); returns once it is ready.
+    ///
+    /// Errors when the restart fails.
+    pub fn restart_apiserver(&self, down_secs: u64) -> anyhow::Result<()> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/restart-apiserver");
+        let dir = self.kubeconfig.parent().unwrap_or(Path::new("/"));
+        let out = std::process::Command::new(&script)
+            .arg(dir)
+            .arg(down_secs.to_string())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "restart-apiserver failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for PrivateControlPlane {
+    fn drop(&mut self) {
+        if let Some(dir) = self.kubeconfig.parent() {
+            let down = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/down");
+            let _ = std::process::Command::new(down).arg(dir).output();
+        }
+    }
+}

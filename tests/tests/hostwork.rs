@@ -535,3 +535,80 @@ async fn kubelet_state_is_reported_as_a_condition_as_it_changes() {
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bootstrap_finishes_while_the_api_server_is_down_and_is_reported_when_it_returns() {
+    // Skips or fails like every test-bed test when the shared control plane is not there; runs
+    // on a control plane of its own, which it takes down.
+    if control_plane::client().await.is_none() || !hosts::available() {
+        return;
+    }
+    let cp = std::sync::Arc::new(control_plane::PrivateControlPlane::start().unwrap());
+    let kubeconfig = cp.kubeconfig().to_path_buf();
+    let client = cp.client().await.unwrap();
+    let ns = TestNamespace::create(&client, "hostwork-outage")
+        .await
+        .unwrap();
+    let host = Host::boot("hostwork-outage").await.unwrap();
+    let name = host.name().to_string();
+    agent::register(&client, &kubeconfig, ns.name(), &host, "")
+        .await
+        .unwrap();
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+
+    // runcmd[0] waits until the test has taken the API server down, then the rest runs.
+    let data = "#cloud-config\nruncmd:\n- \"while [ ! -e /run/byoh-api-down ]; do sleep 0.2; done\"\n- echo ran >> /run/byoh-count\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
+    agent::create_bootstrap_secret(&client, ns.name(), "outage", data)
+        .await
+        .unwrap();
+    agent::claim_host(
+        &client,
+        ns.name(),
+        &name,
+        "m-outage",
+        "uid-outage-01",
+        "outage",
+    )
+    .await
+    .unwrap();
+    wait_phase(&hosts, &name, "Bootstrapping", 60).await;
+
+    let restart = {
+        let cp = cp.clone();
+        std::thread::spawn(move || cp.restart_apiserver(20))
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    host.write_file("/run/byoh-api-down", b"", 0o644)
+        .await
+        .unwrap();
+    // The bootstrap finishes on the host while the API server is away...
+    wait_for(
+        "the sentinel during the outage",
+        Duration::from_secs(15),
+        || async {
+            Ok(host
+                .exec(&["test", "-e", "/run/cluster-api/bootstrap-success.complete"])
+                .await?
+                .success()
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    restart.join().unwrap().unwrap();
+    // ...and is reported once it is back.
+    let client = cp.client().await.unwrap();
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let done = wait_phase(&hosts, &name, "Provisioned", 90).await;
+    assert!(byoh_api::conditions::is_true(
+        &done.status.unwrap().conditions,
+        "BootstrapSucceeded"
+    ));
+    assert_eq!(
+        host.read_to_string("/run/byoh-count").await.unwrap(),
+        "ran\n",
+        "nothing ran twice"
+    );
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
