@@ -258,6 +258,8 @@ fn the_arm64_binary_is_aarch64_and_runs_under_qemu() {
         dist().join(deb_name("arm64")).display(),
         bin.display()
     )));
+    // Extracted with tar -O, the file has no execute bit; qemu-user needs it.
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let header = run(Command::new("readelf").arg("-h").arg(&bin));
     assert!(
         header
