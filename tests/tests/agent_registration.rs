@@ -316,60 +316,15 @@ async fn unsupported_os_exits_69_before_any_contact_with_the_cluster() {
     ns.cleanup(&client).await.unwrap();
 }
 
-/// A control plane of the test's own (the shared one must not go down under other tests).
-struct PrivateControlPlane {
-    kubeconfig: std::path::PathBuf,
-}
-
-impl PrivateControlPlane {
-    fn up() -> Self {
-        let out = std::process::Command::new(agent::repo_root().join("tests/control-plane/up"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "control-plane/up failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        PrivateControlPlane {
-            kubeconfig: stdout.lines().last().unwrap().trim().into(),
-        }
-    }
-
-    fn restart_apiserver(&self, down_secs: u64) {
-        let out = std::process::Command::new(
-            agent::repo_root().join("tests/control-plane/restart-apiserver"),
-        )
-        .arg(self.kubeconfig.parent().unwrap())
-        .arg(down_secs.to_string())
-        .output()
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "restart-apiserver failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for PrivateControlPlane {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(agent::repo_root().join("tests/control-plane/down"))
-            .arg(self.kubeconfig.parent().unwrap())
-            .output();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
     // Skips or fails like every test-bed test when the shared control plane is not there.
     if control_plane::client().await.is_none() || !hosts::available() {
         return;
     }
-    let cp = PrivateControlPlane::up();
-    let client =
-        kube::Client::try_from(control_plane::config_from(&cp.kubeconfig).await.unwrap()).unwrap();
+    // A control plane of the test's own: the shared one must not go down under other tests.
+    let cp = control_plane::PrivateControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
     let ns = TestNamespace::create(&client, "agent-outage")
         .await
         .unwrap();
@@ -377,7 +332,7 @@ async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
     let token = agent::create_bootstrap_token(&client, Duration::from_secs(3600))
         .await
         .unwrap();
-    let bootstrap = agent::bootstrap_kubeconfig(&cp.kubeconfig, &token).unwrap();
+    let bootstrap = agent::bootstrap_kubeconfig(cp.kubeconfig(), &token).unwrap();
     let host = Host::boot("agent-outage").await.unwrap();
     let name = host.name().to_string();
     agent::install_agent(&host, &config(ns.name(), ""), Some(&bootstrap))
@@ -397,12 +352,11 @@ async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
     .unwrap();
     let main_pid = unit(&host, "MainPID").await;
 
-    cp.restart_apiserver(20);
+    cp.restart_apiserver(20).unwrap();
     let back = k8s_openapi::jiff::Timestamp::now();
 
     // The agent renews the Lease again without a restart of its own.
-    let client =
-        kube::Client::try_from(control_plane::config_from(&cp.kubeconfig).await.unwrap()).unwrap();
+    let client = cp.client().await.unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
     wait_for(
         "a Lease renewal after the outage",
