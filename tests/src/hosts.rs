@@ -30,9 +30,18 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 
-/// Prefix of the names of hosts booted by tests; `tests/run` stops every host with this prefix
-/// when it exits.
+/// Default prefix of the names of hosts booted by tests; `tests/run` stops every host with the
+/// prefix in use when it exits.
 pub const NAME_PREFIX: &str = "byoh-t-";
+
+/// The host name prefix in use: `BYOH_TEST_HOST_PREFIX` (so two `tests/run` on one machine do
+/// not stop each other's hosts), else [`NAME_PREFIX`].
+pub fn name_prefix() -> String {
+    std::env::var("BYOH_TEST_HOST_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| NAME_PREFIX.to_string())
+}
 
 /// Where the workspace's `dist/` is mounted (read-only) inside every host.
 pub const DIST_DIR: &str = "/byoh/dist";
@@ -105,7 +114,7 @@ pub fn available() -> bool {
     false
 }
 
-/// A unique host name `byoh-t-<label>-<pid><n>` for this test process: `label` is lowercased,
+/// A unique host name `<prefix><label>-<pid><n>` (prefix from [`name_prefix`]) for this test process: `label` is lowercased,
 /// other characters than `[a-z0-9-]` become `-`, and it is cut to 32 characters.
 pub fn unique_name(label: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -121,7 +130,7 @@ pub fn unique_name(label: &str) -> String {
         clean.push_str("host");
     }
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{NAME_PREFIX}{clean}-{:x}{n}", std::process::id())
+    format!("{}{clean}-{:x}{n}", name_prefix(), std::process::id())
 }
 
 /// How to boot a host; [`BootOptions::default`] boots the plain image.
@@ -585,7 +594,10 @@ mod tests {
         let a = unique_name("Two Hosts/A");
         let b = unique_name("Two Hosts/A");
         assert_ne!(a, b);
-        assert!(a.starts_with("byoh-t-two-hosts-a-"), "{a}");
+        assert!(
+            a.starts_with(&format!("{}two-hosts-a-", name_prefix())),
+            "{a}"
+        );
         assert!(a.len() <= 63);
         assert!(
             a.chars()
