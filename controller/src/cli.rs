@@ -30,11 +30,23 @@ pub enum Command {
     },
 }
 
+/// `""` (two double quotes, what clusterctl substitutes for `${VAR:=""}`) as the empty string;
+/// any other value as given. clusterctl refuses `${VAR:=}` (an empty default counts as unset),
+/// so manifests spell an empty default `""`.
+fn unquote_empty(value: &str) -> Result<String, std::convert::Infallible> {
+    Ok(if value == "\"\"" {
+        String::new()
+    } else {
+        value.to_string()
+    })
+}
+
 /// Flags of `byoh-controller run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Watch only this namespace; empty watches all namespaces (clusterctl passes `--namespace=""`).
-    #[arg(long, default_value = "", env = "BYOH_NAMESPACE")]
+    /// Watch only this namespace; empty (or `""`, which clusterctl leaves for the variable
+    /// `${BYOH_WATCH_NAMESPACE:=""}` when unset) watches all namespaces.
+    #[arg(long, default_value = "", env = "BYOH_NAMESPACE", value_parser = unquote_empty)]
     pub namespace: String,
     /// Reconcile only objects labelled `cluster.x-k8s.io/watch-filter=<value>`; empty reconciles all.
     #[arg(long, default_value = "")]
@@ -87,6 +99,14 @@ mod tests {
             panic!("not run")
         };
         assert_eq!(args.namespace, "");
+        let cli = Cli::try_parse_from(["byoh-controller", "run", "--namespace=\"\""]).unwrap();
+        let Command::Run(quoted) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(
+            quoted.namespace, "",
+            "clusterctl's empty default means all namespaces"
+        );
         assert_eq!(args.release_timeout, Duration::from_secs(600));
         assert!(args.leader_elect);
         assert_eq!(

@@ -362,10 +362,10 @@ pub fn deployment() -> Deployment {
         name: "manager".into(),
         image: Some(format!("${{BYOH_CONTROLLER_IMAGE:={DEFAULT_IMAGE}}}")),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/byoh-controller".into()]),
+        command: Some(vec!["/usr/bin/byoh-controller".into()]),
         args: Some(vec![
             "run".into(),
-            "--namespace=${BYOH_WATCH_NAMESPACE:=}".into(),
+            "--namespace=${BYOH_WATCH_NAMESPACE:=\"\"}".into(),
             "--leader-elect".into(),
             format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
         ]),
@@ -715,7 +715,7 @@ mod tests {
             .iter()
             .map(|a| a.as_str().unwrap())
             .collect();
-        assert!(args.contains(&"--namespace=${BYOH_WATCH_NAMESPACE:=}"));
+        assert!(args.contains(&"--namespace=${BYOH_WATCH_NAMESPACE:=\"\"}"));
         assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
         assert_eq!(
             objs.iter()
