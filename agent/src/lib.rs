@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod cloudinit;
 pub mod config;
+pub mod doctor;
 pub mod facts;
 pub mod fsutil;
 pub mod hostwork;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod registration;
 pub mod state;
+pub mod status;
 pub mod systemd;
 pub mod units;
 
