@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG_DIR := controller/config
 
-.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean packages image lint-packages
+.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean packages image lint-packages release
 
 all: build
 
@@ -63,6 +63,13 @@ lint-packages: packages
 ## image: the controller image as an OCI archive, dist/byoh-controller-<ver>.oci.tar (no Docker)
 image:
 	packaging/build-image
+
+## release: a release in dist/ for VERSION (= the workspace version in Cargo.toml): packages,
+## image, clusterctl manifests and templates, SHA256SUMS, and the clusterctl repository
+## dist/repository/infrastructure-byoh/v$(VERSION)/ (docs/release.md)
+release:
+	@[[ -n "$(VERSION)" ]] || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
+	packaging/release $(VERSION)
 
 clean:
 	$(CARGO) clean
