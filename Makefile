@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG_DIR := controller/config
 
-.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean packages image lint-packages release
+.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean packages image lint-packages release check-links
 
 all: build
 
@@ -42,8 +42,12 @@ fmt:
 manifests:
 	$(CARGO) run --quiet -p byoh-controller -- manifests --dir $(CONFIG_DIR)
 
-## verify: lint, and fail if generated files differ from what the code generates
-verify: lint
+## check-links: relative links and #anchors in every *.md (lychee, offline; build-support/check-links)
+check-links:
+	build-support/check-links
+
+## verify: lint, links, and fail if generated files differ from what the code generates
+verify: lint check-links
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(CARGO) run --quiet -p byoh-controller -- manifests --dir "$$tmp" >/dev/null; \
 	if ! diff -r "$$tmp" $(CONFIG_DIR); then \
