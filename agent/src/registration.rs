@@ -175,7 +175,9 @@ impl Registration {
             .map_err(self.err("applying status of", "ByoHost"))
     }
 
-    /// Creates or renews the host's Lease (`holderIdentity` = host name, `renewTime` = now).
+    /// Creates or renews the host's Lease (`holderIdentity` = host name, `renewTime` = now,
+    /// label `byoh.infrastructure.cluster.x-k8s.io/host=<name>`, which the controller's Lease
+    /// watch selects on).
     ///
     /// # Errors
     /// [`RegistrationError`] if the apply fails.
@@ -185,6 +187,7 @@ impl Registration {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 namespace: Some(self.namespace.clone()),
+                labels: Some([(labels::HOST.to_string(), self.name.clone())].into()),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {

@@ -48,5 +48,10 @@ pub const FORCE_RELEASE: &str = "byoh.infrastructure.cluster.x-k8s.io/force-rele
 /// written with `spec.claim.releaseRequested`); `--release-timeout` counts from it.
 pub const RELEASE_REQUESTED_AT: &str = "byoh.infrastructure.cluster.x-k8s.io/release-requested-at";
 
+/// Name of the ByoHost an object belongs to: on the host's `coordination.k8s.io` Lease (set
+/// by the agent; the controller watches only Leases with this label) and on the per-host Role
+/// and RoleBinding (set by the controller).
+pub const HOST: &str = "byoh.infrastructure.cluster.x-k8s.io/host";
+
 /// Well-known zone label; a ByoHost's failure domain.
 pub const FAILURE_DOMAIN: &str = "topology.kubernetes.io/zone";

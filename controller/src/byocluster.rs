@@ -11,7 +11,7 @@
 //! - Deletion waits only while ByoMachines of the cluster exist (never on ByoHosts).
 
 use crate::capi::{self, Cluster};
-use crate::run::{Context, Error, FIELD_MANAGER, Shutdown};
+use crate::run::{Context, Error, Events, FIELD_MANAGER, Shutdown};
 use byoh_api::common::{ApiEndpoint, Initialization};
 use byoh_api::conditions::{self, reasons, types};
 use byoh_api::{ByoCluster, ByoClusterStatus, ByoMachine, finalizers, labels};
@@ -48,15 +48,21 @@ fn annotated(obj: &impl Resource, key: &str) -> bool {
         .is_some_and(|a| a.contains_key(key))
 }
 
-/// The ByoCluster controller, ending when `shutdown` resolves.
-pub fn controller(ctx: Arc<Context>, shutdown: Shutdown) -> impl Future<Output = ()> {
+/// The ByoCluster a CAPI Cluster's `spec.infrastructureRef` names, if it names one.
+fn infrastructure_of(cluster: &Cluster) -> Option<ObjectRef<ByoCluster>> {
+    let ns = cluster.namespace()?;
+    let r = cluster.spec.infrastructure_ref.as_ref()?;
+    (r.kind == "ByoCluster").then(|| ObjectRef::new(&r.name).within(&ns))
+}
+
+/// The ByoCluster controller, ending when `shutdown` resolves. `cluster_events` are the
+/// shared Cluster cache's events (see [`crate::run`]).
+pub fn controller(
+    ctx: Arc<Context>,
+    cluster_events: Events<Cluster>,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> {
     let api: Api<ByoCluster> = ctx.api();
-    let clusters = match &ctx.settings.namespace {
-        Some(ns) => {
-            Api::<Cluster>::namespaced_with(ctx.client.clone(), ns, &capi::cluster_resource())
-        }
-        None => Api::<Cluster>::all_with(ctx.client.clone(), &capi::cluster_resource()),
-    };
     let machines: Api<ByoMachine> = ctx.api();
     let controller = Controller::new(api, ctx.watch_config()).with_config(
         kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
@@ -64,15 +70,9 @@ pub fn controller(ctx: Arc<Context>, shutdown: Shutdown) -> impl Future<Output =
     let store = controller.store();
     let machine_store = store.clone();
     controller
-        .watches_with(
-            clusters,
-            capi::cluster_resource(),
-            ctx.watch_config(),
-            |cluster: Cluster| {
-                let ns = cluster.namespace()?;
-                let r = cluster.spec.infrastructure_ref.as_ref()?;
-                (r.kind == "ByoCluster").then(|| ObjectRef::new(&r.name).within(&ns))
-            },
+        .reconcile_on(
+            cluster_events
+                .filter_map(|cluster| futures::future::ready(infrastructure_of(&cluster))),
         )
         .watches(
             machines,

@@ -41,10 +41,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -99,45 +99,52 @@ fn waiting_for_host(bm: &ByoMachine) -> bool {
         && bm.status.as_ref().is_none_or(|s| s.host_ref.is_none())
 }
 
+/// The ByoMachine a CAPI Machine's `spec.infrastructureRef` names, if it names one.
+fn infrastructure_of(machine: &Machine) -> Option<ObjectRef<ByoMachine>> {
+    let ns = machine.namespace()?;
+    let r = machine.spec.infrastructure_ref.as_ref()?;
+    (r.kind == "ByoMachine").then(|| ObjectRef::new(&r.name).within(&ns))
+}
+
+/// The shared caches' events the ByoMachine controller reacts to (see [`crate::run`]).
+#[derive(Debug)]
+pub struct Events {
+    /// ByoHost changes: a claimed host concerns its claimer, a free one every ByoMachine
+    /// waiting for a host.
+    pub hosts: crate::run::Events<ByoHost>,
+    /// Lease changes: a free host's Lease may make it available to waiting ByoMachines; a
+    /// claimed host's Lease matters to its claimer only while it is being released.
+    pub leases: crate::run::Events<Lease>,
+    /// CAPI Cluster changes concern the Cluster's ByoMachines.
+    pub clusters: crate::run::Events<Cluster>,
+    /// CAPI Machine changes concern the Machine's ByoMachine.
+    pub machines: crate::run::Events<Machine>,
+}
+
 /// The ByoMachine controller, ending when `shutdown` resolves.
-pub fn controller(ctx: Arc<Context>, shutdown: Shutdown) -> impl Future<Output = ()> {
+pub fn controller(
+    ctx: Arc<Context>,
+    events: Events,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> {
     let api: Api<ByoMachine> = ctx.api();
-    let (clusters, machines) = match &ctx.settings.namespace {
-        Some(ns) => (
-            Api::<Cluster>::namespaced_with(ctx.client.clone(), ns, &capi::cluster_resource()),
-            Api::<Machine>::namespaced_with(ctx.client.clone(), ns, &capi::machine_resource()),
-        ),
-        None => (
-            Api::<Cluster>::all_with(ctx.client.clone(), &capi::cluster_resource()),
-            Api::<Machine>::all_with(ctx.client.clone(), &capi::machine_resource()),
-        ),
-    };
-    let hosts: Api<ByoHost> = ctx.api();
-    let leases: Api<Lease> = ctx.api();
     let controller = Controller::new(api, ctx.watch_config()).with_config(
         kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
     );
     let store = controller.store();
     let (by_cluster, by_host, by_lease) = (store.clone(), store.clone(), store);
     let lease_ctx = ctx.clone();
+    let each = |refs: Vec<ObjectRef<ByoMachine>>| futures::stream::iter(refs);
     controller
-        .watches_with(
-            machines,
-            capi::machine_resource(),
-            ctx.watch_config(),
-            |m: Machine| {
-                let ns = m.namespace()?;
-                let r = m.spec.infrastructure_ref.as_ref()?;
-                (r.kind == "ByoMachine").then(|| ObjectRef::new(&r.name).within(&ns))
-            },
+        .reconcile_on(
+            events
+                .machines
+                .filter_map(|m| futures::future::ready(infrastructure_of(&m))),
         )
-        .watches_with(
-            clusters,
-            capi::cluster_resource(),
-            ctx.watch_config(),
-            move |c: Cluster| {
-                let ns = c.namespace();
-                let name = c.name_any();
+        .reconcile_on(events.clusters.flat_map(move |c| {
+            let ns = c.namespace();
+            let name = c.name_any();
+            each(
                 by_cluster
                     .state()
                     .into_iter()
@@ -145,16 +152,13 @@ pub fn controller(ctx: Arc<Context>, shutdown: Shutdown) -> impl Future<Output =
                         bm.namespace() == ns && bm.labels().get(labels::CLUSTER_NAME) == Some(&name)
                     })
                     .map(|bm| ObjectRef::from_obj(&*bm))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .watches(
-            hosts,
-            watcher::Config::default().any_semantic(),
-            move |host: ByoHost| {
-                // A claimed host concerns its claimer; a free one every ByoMachine waiting for a host.
-                let ns = host.namespace();
-                let claimer = host.claimed_by().map(str::to_string);
+                    .collect(),
+            )
+        }))
+        .reconcile_on(events.hosts.flat_map(move |host| {
+            let ns = host.namespace();
+            let claimer = host.claimed_by().map(str::to_string);
+            each(
                 by_host
                     .state()
                     .into_iter()
@@ -166,24 +170,20 @@ pub fn controller(ctx: Arc<Context>, shutdown: Shutdown) -> impl Future<Output =
                             }
                     })
                     .map(|bm| ObjectRef::from_obj(&*bm))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .watches(
-            leases,
-            watcher::Config::default().any_semantic(),
-            move |lease: Lease| {
-                // A free host's Lease may make a host available to waiting ByoMachines; a
-                // claimed host's Lease matters to its claimer only while it is being released.
-                let ns = lease.namespace();
-                let host = lease_ctx.hosts.get(
-                    &ObjectRef::new(&lease.name_any()).within(ns.as_deref().unwrap_or_default()),
-                );
-                let Some(host) = host else {
-                    return Vec::new();
-                };
-                let claimer = host.claimed_by().map(str::to_string);
-                let free = claimer.is_none() && host.spec.needs_cleanup.is_none();
+                    .collect(),
+            )
+        }))
+        .reconcile_on(events.leases.flat_map(move |lease| {
+            let ns = lease.namespace();
+            let host = lease_ctx
+                .hosts
+                .get(&ObjectRef::new(&lease.name_any()).within(ns.as_deref().unwrap_or_default()));
+            let Some(host) = host else {
+                return each(Vec::new());
+            };
+            let claimer = host.claimed_by().map(str::to_string);
+            let free = claimer.is_none() && host.spec.needs_cleanup.is_none();
+            each(
                 by_lease
                     .state()
                     .into_iter()
@@ -198,9 +198,9 @@ pub fn controller(ctx: Arc<Context>, shutdown: Shutdown) -> impl Future<Output =
                             }
                     })
                     .map(|bm| ObjectRef::from_obj(&*bm))
-                    .collect::<Vec<_>>()
-            },
-        )
+                    .collect(),
+            )
+        }))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {

@@ -23,13 +23,14 @@
 //! anything.
 
 use byoh_api::ByoHost;
-use futures::StreamExt as _;
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource as _, ResourceExt as _};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +48,7 @@ pub const BOOTSTRAPPERS_CLUSTER_ROLE: &str = "byoh-bootstrapper";
 /// Field manager of the per-host Roles and RoleBindings.
 pub const FIELD_MANAGER: &str = "byoh-controller";
 /// Label on every per-host Role and RoleBinding: the host's name.
-pub const HOST_LABEL: &str = "byoh.infrastructure.cluster.x-k8s.io/host";
+pub const HOST_LABEL: &str = byoh_api::labels::HOST;
 
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
@@ -265,6 +266,8 @@ pub struct HostAccessOptions {
 
 struct Ctx {
     client: kube::Client,
+    roles: Store<Role>,
+    bindings: Store<RoleBinding>,
 }
 
 fn apply_body<T: serde::Serialize>(
@@ -286,35 +289,74 @@ pub async fn apply_host_access(
     client: &kube::Client,
     host: &ByoHost,
 ) -> Result<(), HostAccessError> {
+    apply_role(client, host).await?;
+    apply_role_binding(client, host).await
+}
+
+fn api_error(
+    kind: &'static str,
+    host: &ByoHost,
+) -> impl FnOnce(kube::Error) -> HostAccessError + use<> {
+    let (namespace, name) = (
+        host.namespace().unwrap_or_default(),
+        role_name(&host.name_any()),
+    );
+    move |source| HostAccessError::Api {
+        kind,
+        namespace,
+        name,
+        source: Box::new(source),
+    }
+}
+
+async fn apply_role(client: &kube::Client, host: &ByoHost) -> Result<(), HostAccessError> {
     let ns = host.namespace().unwrap_or_default();
-    let name = role_name(&host.name_any());
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let err = |kind: &'static str| {
-        let (ns, name) = (ns.clone(), name.clone());
-        move |source| HostAccessError::Api {
-            kind,
-            namespace: ns,
-            name,
-            source: Box::new(source),
-        }
-    };
     Api::<Role>::namespaced(client.clone(), &ns)
         .patch(
-            &name,
-            &pp,
+            &role_name(&host.name_any()),
+            &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(apply_body(&host_role(host), "Role")?),
         )
         .await
-        .map_err(err("Role"))?;
+        .map_err(api_error("Role", host))?;
+    Ok(())
+}
+
+async fn apply_role_binding(client: &kube::Client, host: &ByoHost) -> Result<(), HostAccessError> {
+    let ns = host.namespace().unwrap_or_default();
     Api::<RoleBinding>::namespaced(client.clone(), &ns)
         .patch(
-            &name,
-            &pp,
+            &role_name(&host.name_any()),
+            &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(apply_body(&host_role_binding(host), "RoleBinding")?),
         )
         .await
-        .map_err(err("RoleBinding"))?;
+        .map_err(api_error("RoleBinding", host))?;
     Ok(())
+}
+
+/// Whether the cached object `have` carries everything of `want`'s metadata that the
+/// controller sets (labels and owner reference; the API server adds the rest).
+fn meta_matches(have: &ObjectMeta, want: &ObjectMeta) -> bool {
+    let labels_ok = want
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| have.labels.as_ref().is_some_and(|l| l.get(k) == Some(v)));
+    labels_ok && have.owner_references == want.owner_references
+}
+
+/// Whether `have` (the cached Role) grants exactly what `want` does.
+pub fn role_up_to_date(have: &Role, want: &Role) -> bool {
+    meta_matches(&have.metadata, &want.metadata)
+        && have.rules.as_deref().unwrap_or_default() == want.rules.as_deref().unwrap_or_default()
+}
+
+/// Whether `have` (the cached RoleBinding) binds exactly what `want` does.
+pub fn role_binding_up_to_date(have: &RoleBinding, want: &RoleBinding) -> bool {
+    meta_matches(&have.metadata, &want.metadata)
+        && have.role_ref == want.role_ref
+        && have.subjects == want.subjects
 }
 
 async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAccessError> {
@@ -322,10 +364,44 @@ async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAcce
         // The Role goes with the ByoHost (owner reference); until then it stays as it is.
         return Ok(Action::await_change());
     }
-    apply_host_access(&ctx.client, &host).await?;
-    tracing::debug!(byoh_host = %host.name_any(), namespace = ?host.namespace(), "host access applied");
-    // Re-apply now and then to repair drift (the Roles themselves are not watched).
-    Ok(Action::requeue(Duration::from_secs(600)))
+    // The Roles and RoleBindings are cached (and watched): only what differs is written, so
+    // a restart or a host's status update costs no request. The caches are filled by the
+    // controller's trigger streams; the first reconciles wait for them.
+    let (roles_ready, bindings_ready) = (
+        ctx.roles.wait_until_ready(),
+        ctx.bindings.wait_until_ready(),
+    );
+    if futures::future::try_join(roles_ready, bindings_ready)
+        .await
+        .is_err()
+    {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    fn key<K: kube::Resource<DynamicType = ()>>(host: &ByoHost) -> ObjectRef<K> {
+        ObjectRef::new(&role_name(&host.name_any()))
+            .within(host.namespace().as_deref().unwrap_or_default())
+    }
+    let mut wrote = false;
+    if !ctx
+        .roles
+        .get(&key::<Role>(&host))
+        .is_some_and(|r| role_up_to_date(&r, &host_role(&host)))
+    {
+        apply_role(&ctx.client, &host).await?;
+        wrote = true;
+    }
+    if !ctx
+        .bindings
+        .get(&key::<RoleBinding>(&host))
+        .is_some_and(|b| role_binding_up_to_date(&b, &host_role_binding(&host)))
+    {
+        apply_role_binding(&ctx.client, &host).await?;
+        wrote = true;
+    }
+    if wrote {
+        tracing::debug!(byoh_host = %host.name_any(), namespace = ?host.namespace(), "host access applied");
+    }
+    Ok(Action::await_change())
 }
 
 fn error_policy(host: Arc<ByoHost>, error: &HostAccessError, _ctx: Arc<Ctx>) -> Action {
@@ -333,11 +409,17 @@ fn error_policy(host: Arc<ByoHost>, error: &HostAccessError, _ctx: Arc<Ctx>) -> 
     Action::requeue(Duration::from_secs(10))
 }
 
-/// Runs the host access reconciler (one Role + RoleBinding per ByoHost) until its watch stream
-/// ends (drop the future to stop it).
+/// Reconciles of the host access reconciler running at once (each writes at most two small
+/// objects; a bound keeps a controller start over thousands of hosts from flooding the API
+/// server and its own memory).
+pub const CONCURRENCY: u16 = 8;
+
+/// Runs the host access reconciler (one Role + RoleBinding per ByoHost) with its own ByoHost
+/// cache, until its watch streams end (drop the future to stop it). The controller process
+/// shares its ByoHost cache instead, through [`run_shared`].
 ///
-/// Needs: `byohosts` get/list/watch; `roles` and `rolebindings` create/patch; and every
-/// permission it grants (see the module documentation).
+/// Needs: `byohosts` get/list/watch; `roles` and `rolebindings` get/list/watch/create/patch;
+/// and every permission it grants (see the module documentation).
 ///
 /// # Errors
 /// None today; the `Result` leaves room for start-up checks.
@@ -346,9 +428,71 @@ pub async fn run(client: kube::Client, opts: HostAccessOptions) -> anyhow::Resul
         Some(ns) => Api::<ByoHost>::namespaced(client.clone(), ns),
         None => Api::<ByoHost>::all(client.clone()),
     };
-    let ctx = Arc::new(Ctx { client });
+    let (hosts, writer) = reflector::store::<ByoHost>();
+    let (tx, rx) = futures::channel::mpsc::channel(256);
+    let cache = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .filter_map(|h| futures::future::ready(h.ok().map(Arc::new)))
+    .map(Ok)
+    .forward(tx);
+    tokio::select! {
+        _ = cache => Ok(()),
+        r = run_shared(client, opts, hosts, rx) => r,
+    }
+}
+
+/// Runs the host access reconciler on a ByoHost cache kept by the caller: `hosts` is the
+/// cache and `host_events` yields each ByoHost after the cache holds its new state.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_shared(
+    client: kube::Client,
+    opts: HostAccessOptions,
+    hosts: Store<ByoHost>,
+    host_events: impl Stream<Item = Arc<ByoHost>> + Send + 'static,
+) -> anyhow::Result<()> {
+    let selector = watcher::Config::default().labels(HOST_LABEL).any_semantic();
+    let (roles_api, bindings_api) = match &opts.namespace {
+        Some(ns) => (
+            Api::<Role>::namespaced(client.clone(), ns),
+            Api::<RoleBinding>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::<Role>::all(client.clone()),
+            Api::<RoleBinding>::all(client.clone()),
+        ),
+    };
+    let (roles, roles_writer) = reflector::store::<Role>();
+    let (bindings, bindings_writer) = reflector::store::<RoleBinding>();
+    // A changed or deleted Role or RoleBinding brings its host back to the reconciler.
+    fn owner_host<K: kube::Resource>(obj: K) -> Option<ObjectRef<ByoHost>> {
+        let host = obj.meta().labels.as_ref()?.get(HOST_LABEL)?;
+        Some(ObjectRef::new(host).within(obj.meta().namespace.as_deref()?))
+    }
+    let role_events = reflector::reflector(roles_writer, watcher(roles_api, selector.clone()))
+        .default_backoff()
+        .touched_objects()
+        .filter_map(|r| futures::future::ready(r.ok().and_then(owner_host)));
+    let binding_events = reflector::reflector(bindings_writer, watcher(bindings_api, selector))
+        .default_backoff()
+        .touched_objects()
+        .filter_map(|r| futures::future::ready(r.ok().and_then(owner_host)));
+    let ctx = Arc::new(Ctx {
+        client,
+        roles,
+        bindings,
+    });
     tracing::info!(namespace = ?opts.namespace, "starting the host access reconciler");
-    Controller::new(api, watcher::Config::default())
+    let controller = Controller::for_shared_stream(host_events, hosts)
+        .with_config(Config::default().concurrency(CONCURRENCY))
+        .reconcile_on(role_events)
+        .reconcile_on(binding_events);
+    controller
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {

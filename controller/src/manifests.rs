@@ -268,7 +268,7 @@ pub fn manager_cluster_role() -> ClusterRole {
             rule(
                 &["rbac.authorization.k8s.io"],
                 &["roles", "rolebindings"],
-                &["create", "update", "patch"],
+                &["get", "list", "watch", "create", "update", "patch"],
                 &[],
             ),
             // Leases: leader election (create/update its own), host liveness (read every

@@ -360,6 +360,71 @@ pub async fn run(
     result
 }
 
+/// Events of a shared cache as a reconciler receives them: each object the cache changed or
+/// deleted, after the cache holds the change.
+pub type Events<K> = futures::channel::mpsc::Receiver<Arc<K>>;
+
+/// Objects buffered per subscriber of a cache's events before the cache waits for it.
+const EVENT_BUFFER: usize = 1024;
+
+/// The subscribers of a cache's events.
+struct FanOut<K> {
+    subscribers: Vec<futures::channel::mpsc::Sender<Arc<K>>>,
+}
+
+impl<K> Default for FanOut<K> {
+    fn default() -> Self {
+        Self {
+            subscribers: Vec::new(),
+        }
+    }
+}
+
+impl<K> FanOut<K> {
+    fn subscribe(&mut self) -> Events<K> {
+        let (tx, rx) = futures::channel::mpsc::channel(EVENT_BUFFER);
+        self.subscribers.push(tx);
+        rx
+    }
+
+    /// Hands `obj` to every subscriber (waiting while one's buffer is full); a subscriber
+    /// that has stopped is skipped.
+    async fn publish(mut self, obj: K) -> Self {
+        use futures::SinkExt as _;
+        let obj = Arc::new(obj);
+        for tx in &mut self.subscribers {
+            let _ = tx.send(obj.clone()).await;
+        }
+        self
+    }
+}
+
+/// The stream of a shared cache: the watch, without `managedFields`, applied to `writer`'s
+/// store, then each changed or deleted object (watch errors are logged and retried with
+/// backoff).
+fn cache_stream<K>(
+    writer: reflector::store::Writer<K>,
+    watch: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+    kind: &'static str,
+) -> impl futures::Stream<Item = K> + Send
+where
+    K: kube::Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    reflector::reflector(writer, watch.modify(drop_managed_fields))
+        .default_backoff()
+        .touched_objects()
+        .filter_map(move |obj| {
+            futures::future::ready(match obj {
+                Ok(obj) => Some(obj),
+                Err(e) => {
+                    tracing::warn!(error = %e, "{kind} watch (retrying)");
+                    None
+                }
+            })
+        })
+}
+
 /// Cached objects do without `metadata.managedFields` (often the larger part of an object).
 /// An update built from a cached object then omits the field, which leaves the server's
 /// record as it is.
@@ -411,30 +476,48 @@ async fn run_controllers(
         settings,
     });
 
-    // The pool caches. The host stream also clears clean-up marks the agent has honoured
-    // and keeps the host gauges current.
+    // The shared caches. Each cache's stream hands every object it changes (or deletes), once
+    // the cache holds the change, to the reconcilers that react to it: they never see an
+    // event before the cache they read, and each kind is watched once. The host stream also
+    // clears clean-up marks the agent has honoured.
+    let mut host_events = FanOut::default();
+    let mut lease_events = FanOut::default();
+    let mut cluster_events = FanOut::default();
+    let mut machine_events = FanOut::default();
+    let byomachine_events = crate::byomachine::Events {
+        hosts: host_events.subscribe(),
+        leases: lease_events.subscribe(),
+        clusters: cluster_events.subscribe(),
+        machines: machine_events.subscribe(),
+    };
+    let byocluster_clusters = cluster_events.subscribe();
+    let hostaccess_hosts = host_events.subscribe();
+
     let host_api: Api<ByoHost> = ctx.api();
-    let lease_api: Api<Lease> = ctx.api();
     let host_ctx = ctx.clone();
-    let host_cache = reflector::reflector(
+    let host_cache = cache_stream(
         hosts_writer,
-        watcher(host_api, watcher::Config::default().any_semantic()).modify(drop_managed_fields),
+        watcher(host_api, watcher::Config::default().any_semantic()),
+        "ByoHost",
     )
-    .default_backoff()
-    .applied_objects()
-    .for_each(move |host| {
-        match host {
-            Ok(host) => crate::byomachine::on_host_event(&host_ctx, &host),
-            Err(e) => tracing::warn!(error = %e, "ByoHost watch (retrying)"),
-        }
-        futures::future::ready(())
-    });
-    let lease_cache = reflector::reflector(
+    .map(move |host| {
+        crate::byomachine::on_host_event(&host_ctx, &host);
+        host
+    })
+    .fold(host_events, FanOut::publish);
+    // Only the hosts' Leases (labelled by the agent), not every Lease of the cluster.
+    let lease_api: Api<Lease> = ctx.api();
+    let lease_cache = cache_stream(
         leases_writer,
-        watcher(lease_api, watcher::Config::default().any_semantic()).modify(drop_managed_fields),
+        watcher(
+            lease_api,
+            watcher::Config::default()
+                .labels(byoh_api::labels::HOST)
+                .any_semantic(),
+        ),
+        "Lease",
     )
-    .default_backoff()
-    .for_each(|_| futures::future::ready(()));
+    .fold(lease_events, FanOut::publish);
 
     let (cluster_api, machine_api) = match &ctx.settings.namespace {
         Some(ns) => (
@@ -446,18 +529,18 @@ async fn run_controllers(
             Api::all_with(client.clone(), &crate::capi::machine_resource()),
         ),
     };
-    let cluster_cache = reflector::reflector(
+    let cluster_cache = cache_stream(
         clusters_writer,
-        watcher(cluster_api, ctx.watch_config()).modify(drop_managed_fields),
+        watcher(cluster_api, ctx.watch_config()),
+        "Cluster",
     )
-    .default_backoff()
-    .for_each(|_| futures::future::ready(()));
-    let machine_cache = reflector::reflector(
+    .fold(cluster_events, FanOut::publish);
+    let machine_cache = cache_stream(
         machines_writer,
-        watcher(machine_api, ctx.watch_config()).modify(drop_managed_fields),
+        watcher(machine_api, ctx.watch_config()),
+        "Machine",
     )
-    .default_backoff()
-    .for_each(|_| futures::future::ready(()));
+    .fold(machine_events, FanOut::publish);
 
     let gauges_ctx = ctx.clone();
     let gauges = async move {
@@ -477,8 +560,10 @@ async fn run_controllers(
         }
     };
 
-    let byocluster = crate::byocluster::controller(ctx.clone(), shutdown.clone());
-    let byomachine = crate::byomachine::controller(ctx.clone(), shutdown.clone());
+    let byocluster =
+        crate::byocluster::controller(ctx.clone(), byocluster_clusters, shutdown.clone());
+    let byomachine =
+        crate::byomachine::controller(ctx.clone(), byomachine_events, shutdown.clone());
     // The other reconcilers (their own modules; they run until dropped).
     let csr = crate::csr::run(
         client.clone(),
@@ -493,11 +578,13 @@ async fn run_controllers(
             namespace: ctx.settings.namespace.clone(),
         },
     );
-    let host_access = crate::hostaccess::run(
+    let host_access = crate::hostaccess::run_shared(
         client.clone(),
         crate::hostaccess::HostAccessOptions {
             namespace: ctx.settings.namespace.clone(),
         },
+        ctx.hosts.clone(),
+        hostaccess_hosts,
     );
     let component = |component: &'static str, r: anyhow::Result<()>| match r {
         Ok(()) => Ok(()),
@@ -511,10 +598,10 @@ async fn run_controllers(
     // caches and gauges never end on their own.
     tokio::select! {
         () = async { tokio::join!(byocluster, byomachine); } => {}
-        () = host_cache => {}
-        () = lease_cache => {}
-        () = cluster_cache => {}
-        () = machine_cache => {}
+        _ = host_cache => {}
+        _ = lease_cache => {}
+        _ = cluster_cache => {}
+        _ = machine_cache => {}
         () = gauges => {}
         () = readiness.then(|()| futures::future::pending::<()>()) => {}
         r = csr => return component("CSR approver", r),

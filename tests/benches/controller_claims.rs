@@ -81,7 +81,8 @@ async fn controller_role() {
                 .parse()
                 .unwrap(),
         ),
-        leader_elect: false,
+        leader_elect: true,
+        leader_election_namespace: Some(std::env::var("BYOH_BENCH_NAMESPACE").unwrap()),
         ..Default::default()
     };
     let shutdown = async {
@@ -197,6 +198,29 @@ async fn bench() {
         "controller_claims: controller ready (caches filled) in {:.1} s, RSS {:.1} MiB",
         t_ready.elapsed().as_secs_f64(),
         rss_idle as f64 / 1024.0
+    );
+
+    // The pool exists before the Machines (hosts register over time in real life): let the
+    // per-host access reconciler write its Role + RoleBinding per host first.
+    let t_access = Instant::now();
+    let roles = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), &n);
+    eventually(
+        "a RoleBinding per host",
+        Duration::from_secs(600),
+        || async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let l = roles
+                .list_metadata(&kube::api::ListParams::default().labels(byoh_api::labels::HOST))
+                .await
+                .ok()?;
+            (l.items.len() >= n_hosts).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "controller_claims: per-host Role + RoleBinding of {n_hosts} hosts written in {:.1} s, RSS {:.1} MiB",
+        t_access.elapsed().as_secs_f64(),
+        proc_status_kib(pid, "VmRSS:").unwrap_or(0) as f64 / 1024.0
     );
 
     // Watch claims as they appear.

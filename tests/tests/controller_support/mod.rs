@@ -382,12 +382,14 @@ pub async fn create_host(client: &Client, ns: &str, name: &str, opts: &HostOpts)
     host
 }
 
-/// Creates or updates the host's Lease: renewed `age_secs` ago, `duration_secs` long.
+/// Creates or updates the host's Lease as the agent does (labelled with the host name):
+/// renewed `age_secs` ago, `duration_secs` long.
 pub async fn set_lease(client: &Client, ns: &str, name: &str, age_secs: i64, duration_secs: i32) {
     let lease = Lease {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
+            labels: Some([(byoh_api::labels::HOST.to_string(), name.to_string())].into()),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
