@@ -3,6 +3,8 @@
 //! - [`control_plane`]: a real kube-apiserver + etcd + kube-controller-manager started by
 //!   `tests/control-plane/up` (once per `make test`), and a `kube::Client` for it.
 //! - [`hosts`]: booted Debian 12 systemd hosts (systemd-nspawn) from `tests/hosts/*`.
+//! - [`kubeadm`]: the control plane prepared for `kubeadm join`, the installer artifacts served
+//!   on loopback, CABPK-shaped join data (end-to-end test, demo).
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
@@ -10,6 +12,7 @@
 pub mod agent;
 pub mod control_plane;
 pub mod hosts;
+pub mod kubeadm;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead
 /// of skipping them.

@@ -1,0 +1,244 @@
+//! The kubeadm side of the test bed, for the end-to-end test and the demo: a control plane
+//! prepared for worker `kubeadm join`s (`tests/control-plane/kubeadm-init`), the installer
+//! artifacts (`tests/control-plane/artifacts`: real kubeadm/kubelet/kubectl of the pinned
+//! Kubernetes version, Debian's containerd/runc and CNI plugins) served on 127.0.0.1, and the
+//! bootstrap data CABPK writes for a worker Machine.
+
+use anyhow::{Context as _, bail};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// What a worker needs to join the control plane (`DIR/join.env` of `kubeadm-init`).
+#[derive(Debug, Clone)]
+pub struct JoinInfo {
+    /// `127.0.0.1:<port>` of the kube-apiserver.
+    pub endpoint: String,
+    /// The bootstrap token `<id>.<secret>` (group `system:bootstrappers:kubeadm:default-node-token`).
+    pub token: String,
+    /// `sha256:<hex>` of the cluster CA's SubjectPublicKeyInfo (kubeadm's `caCertHashes`).
+    pub ca_hash: String,
+    /// The pinned Kubernetes version, e.g. `v1.36.3`.
+    pub kubernetes_version: String,
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("control-plane")
+        .join(name)
+}
+
+/// Last stdout line of `script args`, or an error with its stderr.
+fn run_script(name: &str, args: &[&Path]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(script(name))
+        .args(args)
+        .output()
+        .with_context(|| format!("running tests/control-plane/{name}"))?;
+    if !out.status.success() {
+        bail!(
+            "tests/control-plane/{name} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string())
+}
+
+/// Runs kubeadm's init phases (upload-config, bootstrap-token) against the control plane whose
+/// admin kubeconfig is `kubeconfig`, and returns what a join needs.
+///
+/// Errors when the script fails or `join.env` lacks a key.
+pub fn prepare_joins(kubeconfig: &Path) -> anyhow::Result<JoinInfo> {
+    let dir = kubeconfig.parent().unwrap_or(Path::new("/"));
+    let env = PathBuf::from(run_script("kubeadm-init", &[dir])?);
+    let text = std::fs::read_to_string(&env).with_context(|| env.display().to_string())?;
+    let vars: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+    let get = |k: &str| {
+        vars.get(k)
+            .map(|v| v.to_string())
+            .with_context(|| format!("{}: no {k}", env.display()))
+    };
+    Ok(JoinInfo {
+        endpoint: get("BYOH_JOIN_ENDPOINT")?,
+        token: get("BYOH_JOIN_TOKEN")?,
+        ca_hash: get("BYOH_JOIN_CA_HASH")?,
+        kubernetes_version: get("BYOH_K8S_VERSION")?,
+    })
+}
+
+/// The staged artifacts directory (built once, cached under `~/.cache/byoh-test`).
+///
+/// Errors when staging fails.
+pub fn stage_artifacts() -> anyhow::Result<PathBuf> {
+    Ok(PathBuf::from(run_script("artifacts", &[])?))
+}
+
+/// Artifacts served over HTTP on 127.0.0.1 until dropped.
+#[derive(Debug)]
+pub struct ArtifactServer {
+    base: String,
+    sums: BTreeMap<String, String>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ArtifactServer {
+    /// Serves every file of `dir` (flat, `GET /<name>`) and reads `dir/SHA256SUMS`.
+    ///
+    /// Errors when the listener cannot bind or the sums cannot be read.
+    pub async fn start(dir: &Path) -> anyhow::Result<Self> {
+        let sums_path = dir.join("SHA256SUMS");
+        let sums = std::fs::read_to_string(&sums_path)
+            .with_context(|| sums_path.display().to_string())?
+            .lines()
+            .filter_map(|l| l.split_once("  "))
+            .map(|(sum, name)| (name.to_string(), sum.to_string()))
+            .collect();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let dir = dir.to_path_buf();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_one(stream, dir.clone()));
+            }
+        });
+        Ok(Self { base, sums, task })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// A `tarball` K8sInstallerConfig spec (YAML) for every staged artifact.
+    ///
+    /// Errors when a sum is missing.
+    pub fn tarball_spec(&self) -> anyhow::Result<serde_json::Value> {
+        let art = |name: &str| -> anyhow::Result<serde_json::Value> {
+            let sha = self
+                .sums
+                .get(name)
+                .with_context(|| format!("no sha256 for {name} in SHA256SUMS"))?;
+            Ok(serde_json::json!({"url": format!("{}/{name}", self.base), "sha256": sha}))
+        };
+        Ok(serde_json::json!({"tarball": {
+            "kubeadm": art("kubeadm")?,
+            "kubelet": art("kubelet")?,
+            "kubectl": art("kubectl")?,
+            "containerd": art("containerd.tar.gz")?,
+            "cniPlugins": art("cni-plugins.tgz")?,
+        }}))
+    }
+}
+
+impl Drop for ArtifactServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve_one(mut s: tokio::net::TcpStream, dir: PathBuf) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if buf.len() > 64 * 1024 {
+            return;
+        }
+    }
+    let req = String::from_utf8_lossy(&buf);
+    let path = req.split_whitespace().nth(1).unwrap_or("/");
+    let name = path
+        .split('?')
+        .next()
+        .unwrap_or("/")
+        .trim_start_matches('/');
+    let file =
+        (!name.is_empty() && !name.contains('/') && !name.starts_with('.')).then(|| dir.join(name));
+    match file.map(std::fs::File::open) {
+        Some(Ok(f)) => {
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {len}\r\ncontent-type: application/octet-stream\r\nconnection: close\r\n\r\n"
+            );
+            if s.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let mut f = tokio::fs::File::from_std(f);
+            let _ = tokio::io::copy(&mut f, &mut s).await;
+        }
+        _ => {
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+        }
+    }
+    let _ = s.shutdown().await;
+}
+
+/// Preflight checks of `kubeadm join` that cannot pass inside a systemd-nspawn test host
+/// (docs/e2e.md): `SystemVerification` fails on a machine whose cgroup hierarchy is v1 or hybrid
+/// (the kubelet is told `failCgroupV1: false`, and kubeadm asks to skip this check as well), and
+/// `/proc/sys/net/ipv4/ip_forward` is the machine's (hosts share its network namespace, the test
+/// does not turn forwarding on for the whole machine; nothing is routed through test nodes).
+pub const IGNORED_PREFLIGHT_ERRORS: &[&str] = &[
+    "SystemVerification",
+    "FileContent--proc-sys-net-ipv4-ip_forward",
+];
+
+/// Bootstrap data exactly as Cluster API's kubeadm bootstrap provider (CABPK v1.14) writes it
+/// for a worker Machine (the Secret's `value`, `format: cloud-config`), with the real token, CA
+/// hash and endpoint, plus `ignorePreflightErrors` (a JoinConfiguration field CABPK passes
+/// through from the KubeadmConfig).
+pub fn cabpk_worker_join(join: &JoinInfo, node_labels: &str) -> String {
+    let ignored: String = IGNORED_PREFLIGHT_ERRORS
+        .iter()
+        .map(|e| format!("          - {e}\n"))
+        .collect();
+    format!(
+        r#"## template: jinja
+#cloud-config
+write_files:
+-   path: /run/kubeadm/kubeadm-join-config.yaml
+    owner: root:root
+    permissions: '0640'
+    content: |
+      ---
+      apiVersion: kubeadm.k8s.io/v1beta4
+      discovery:
+        bootstrapToken:
+          apiServerEndpoint: {endpoint}
+          caCertHashes:
+          - {ca_hash}
+          token: {token}
+      kind: JoinConfiguration
+      nodeRegistration:
+        ignorePreflightErrors:
+{ignored}        kubeletExtraArgs:
+        - name: node-labels
+          value: {node_labels}
+        name: '{{{{ ds.meta_data.local_hostname }}}}'
+        taints:
+        - effect: NoSchedule
+          key: node.cluster.x-k8s.io/uninitialized
+-   path: /run/cluster-api/placeholder
+    owner: root:root
+    permissions: '0640'
+    content: "This placeholder file is used to create the /run/cluster-api sub directory in a way that is compatible with both Linux and Windows (mkdir -p /run/cluster-api does not work with Windows)"
+runcmd:
+  - kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml  && echo success > /run/cluster-api/bootstrap-success.complete
+"#,
+        endpoint = join.endpoint,
+        ca_hash = join.ca_hash,
+        token = join.token,
+    )
+}
