@@ -38,9 +38,10 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## manifests: regenerate the CRDs and clusterctl artifacts from the Rust code
+## manifests: regenerate the CRDs and clusterctl artifacts, and docs/agent.md, from the Rust code
 manifests:
 	$(CARGO) run --quiet -p byoh-controller -- manifests --dir $(CONFIG_DIR)
+	$(CARGO) run --quiet -p byoh-agent -- gen-docs agent > docs/agent.md
 
 ## check-links: relative links and #anchors in every *.md (lychee, offline; build-support/check-links)
 check-links:
@@ -54,6 +55,10 @@ verify: lint check-links
 	  echo "verify: $(CONFIG_DIR) differs from what the code generates; run 'make manifests' and commit" >&2; exit 1; \
 	fi; \
 	echo "verify: generated manifests are up to date"
+	@if ! $(CARGO) run --quiet -p byoh-agent -- gen-docs agent | diff - docs/agent.md; then \
+	  echo "verify: docs/agent.md differs from what the code generates; run 'make manifests' and commit" >&2; exit 1; \
+	fi; \
+	echo "verify: docs/agent.md is up to date"
 
 ## packages: the four byoh-agent packages (deb/rpm × amd64/arm64) in dist/ (docs/packaging.md)
 packages:

@@ -16,10 +16,10 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Output format of `facts` and `list-supported`.
+/// Output format of `facts`, `list-supported`, `status` and `doctor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// YAML (facts) or a table (list-supported).
+    /// YAML (facts) or a table (the others).
     Text,
     /// JSON.
     Json,
@@ -54,6 +54,30 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         output: Format,
+    },
+    /// Show what the agent on this host is doing, from local files and systemd only (works
+    /// without the cluster): phase, claim, last step, units, Lease age, certificate expiry,
+    /// preflight. Exit 0, 69 if the agent never ran here, 78 if the configuration is invalid.
+    Status {
+        /// Output format: a table, or JSON for machines.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Run the preflight checks the agent runs before it offers this host (OS, cgroup v2,
+    /// swap, kernel modules, sysctls, containerd, ports, clock skew, DNS, certificate), each
+    /// pass/warn/fail with a fix. Exit 0 if none fails, 69 if one fails, 78 if the
+    /// configuration is invalid.
+    Doctor {
+        /// Output format: a table, or JSON for machines.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Print a generated document (`agent` for docs/agent.md); `make manifests` writes it.
+    #[command(hide = true)]
+    GenDocs {
+        /// Which document.
+        #[arg(value_parser = ["agent"])]
+        document: String,
     },
     /// Print the version, git commit and build date.
     Version,

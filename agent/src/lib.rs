@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod cloudinit;
 pub mod config;
+pub mod docs;
 pub mod doctor;
 pub mod facts;
 pub mod fsutil;
@@ -42,6 +43,31 @@ pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_UNSUPPORTED: u8 = 69;
 /// Exit status for invalid configuration (sysexits.h EX_CONFIG); the unit does not restart.
 pub const EXIT_CONFIG: u8 = 78;
+
+/// Every exit status of `byoh-agent`, with its sysexits(3) name and meaning (docs/agent.md is
+/// generated from this table).
+pub const EXIT_CODES: &[(u8, &str, &str)] = &[
+    (
+        EXIT_OK,
+        "EX_OK",
+        "success; for `doctor`: no check failed (warnings allowed)",
+    ),
+    (
+        EXIT_FAILURE,
+        "-",
+        "runtime failure (API server, identity, files, systemd); `run` is restarted by systemd",
+    ),
+    (
+        EXIT_UNSUPPORTED,
+        "EX_UNAVAILABLE",
+        "the host is not usable as it is: `run` on an unsupported OS or architecture (not restarted), `doctor` when a check fails, `status` when the agent never ran on this host",
+    ),
+    (
+        EXIT_CONFIG,
+        "EX_CONFIG",
+        "invalid configuration (file, drop-in, environment or flag; every problem is listed with its file, line and key); `run` is not restarted",
+    ),
+];
 
 /// Every failure the agent reports, mapped to an exit status by [`AgentError::exit_code`].
 #[derive(Debug, thiserror::Error)]

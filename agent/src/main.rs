@@ -1,5 +1,6 @@
 //! `byoh-agent` binary: parses the command line, runs the subcommand and maps errors to exit
-//! codes (0 ok, 1 runtime failure, 69 unsupported host, 78 invalid configuration).
+//! codes ([`byoh_agent::EXIT_CODES`]: 0 ok, 1 runtime failure, 69 unsupported or unusable host,
+//! 78 invalid configuration).
 
 use byoh_agent::cli::{Cli, Command, Format};
 use byoh_agent::config::{self, Origin, Overrides, Sourced};
@@ -12,6 +13,21 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::CloudConfig { command } = cli.command {
         return ExitCode::from(byoh_agent::cloudinit::cli::run(command, &cli.config));
+    }
+    match &cli.command {
+        Command::Status { output } => {
+            return ExitCode::from(byoh_agent::status::cli(
+                *output == Format::Json,
+                &cli.config,
+            ));
+        }
+        Command::Doctor { output } => {
+            return ExitCode::from(byoh_agent::doctor::cli(
+                *output == Format::Json,
+                &cli.config,
+            ));
+        }
+        _ => {}
     }
     if let Some(action) = installer_action(&cli.command) {
         return ExitCode::from(byoh_agent::installer::cli::run(action, &cli.config));
@@ -64,7 +80,13 @@ fn dispatch(cli: Cli) -> Result<(), AgentError> {
         Command::CloudConfig { .. }
         | Command::Plan { .. }
         | Command::Install { .. }
-        | Command::Uninstall => {}
+        | Command::Uninstall
+        | Command::Status { .. }
+        | Command::Doctor { .. } => {}
+        Command::GenDocs { document } => match document.as_str() {
+            "agent" => print!("{}", byoh_agent::docs::agent_md()),
+            other => eprintln!("byoh-agent: no generated document {other:?}"),
+        },
         Command::Version => println!("{}", byoh_agent::VERSION_TEXT),
         Command::Completions { shell } => {
             clap_complete::generate(

@@ -3,10 +3,12 @@
 //! tick, the watchdog tick and certificate renewal.
 
 use crate::config::{Credentials, Settings};
+use crate::doctor::{self, Check, Severity};
 use crate::facts::{self, Facts};
 use crate::hostwork::{HostWorker, WorkSettings};
 use crate::identity::{self, IdentityPaths};
 use crate::registration::{self, Registration};
+use crate::status::{ObservedClaim, RuntimeRecorder, RuntimeStatus, now_rfc3339};
 use crate::systemd::dbus::SystemdManager;
 use crate::systemd::notify;
 use crate::{AgentError, fsutil};
@@ -87,7 +89,22 @@ pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
             })?;
         tracing::info!("serving metrics on http://{bound}/metrics");
     }
-    let services = Services { systemd, metrics };
+    let runtime = RuntimeRecorder::new(
+        &settings.state_dir,
+        RuntimeStatus {
+            namespace: settings.namespace.clone(),
+            name: name.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            lease_duration_secs: settings.lease_duration.as_secs(),
+            ..Default::default()
+        },
+    );
+    let services = Services {
+        systemd,
+        metrics,
+        runtime,
+    };
     let paths = IdentityPaths::new(&settings.state_dir);
     notify::status("Obtaining the host identity");
     let mut client = obtain_client(&settings, &paths, &name).await?;
@@ -191,6 +208,7 @@ async fn register(
 struct Services {
     systemd: SystemdManager,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    runtime: RuntimeRecorder,
 }
 
 /// Aborts the background tasks of one `serve` round when it ends (renewal or shutdown).
@@ -252,14 +270,33 @@ async fn serve(
     first: bool,
     services: &Services,
 ) -> Result<Exit, AgentError> {
-    let (systemd, metrics) = (&services.systemd, &services.metrics);
+    let (systemd, metrics, runtime) = (&services.systemd, &services.metrics, &services.runtime);
     let reg = Registration::new(client.clone(), &settings.namespace, name);
+    notify::status("Running the preflight checks");
+    let checks = doctor::run_checks(settings, Path::new("/"), Some(&client), Some(systemd)).await;
     notify::status("Registering the ByoHost");
     register(&reg, settings, facts).await?;
-    let available = format!(
-        "Registered as ByoHost {}/{name}; waiting for a claim",
-        settings.namespace
-    );
+    runtime.update(|r| {
+        let now = now_rfc3339();
+        r.registered_at = Some(now.clone());
+        r.lease_renewed_at = Some(now);
+        r.lease_error = None;
+    });
+    // Before host work may report the phase Available: a failing check must be on the
+    // ByoHost first, so the controller never hands out a host that fails them.
+    let reported = report_preflight(&client, settings, name, &checks, runtime).await;
+    let available = if doctor::worst(&checks) == Severity::Fail {
+        format!(
+            "Registered as ByoHost {}/{name}; not offered: preflight checks fail ({}; see byoh-agent doctor)",
+            settings.namespace,
+            doctor::failures_message(&checks)
+        )
+    } else {
+        format!(
+            "Registered as ByoHost {}/{name}; waiting for a claim",
+            settings.namespace
+        )
+    };
     if first {
         notify::ready(&available);
         tracing::info!(byoh_phase = phase::AVAILABLE, namespace = %settings.namespace, "registered; ready");
@@ -291,7 +328,19 @@ async fn serve(
         name.to_string(),
         systemd.clone(),
     ));
-    let _tasks = AbortOnDrop(vec![work_task.abort_handle(), units_task.abort_handle()]);
+    let preflight_task = tokio::spawn(preflight_loop(
+        settings.clone(),
+        client.clone(),
+        name.to_string(),
+        systemd.clone(),
+        runtime.clone(),
+        reported.then_some(checks),
+    ));
+    let _tasks = AbortOnDrop(vec![
+        work_task.abort_handle(),
+        units_task.abort_handle(),
+        preflight_task.abort_handle(),
+    ]);
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(|source| AgentError::Io {
         path: "SIGTERM handler".into(),
@@ -341,6 +390,13 @@ async fn serve(
             event = events.next() => match event {
                 Some(Ok(host)) => {
                     observe_claim(&host, &mut claim, &settings.namespace, name);
+                    let seen = host.spec.claim.as_ref().map(|c| ObservedClaim {
+                        machine: c.machine_ref.name.clone(),
+                        machine_uid: c.machine_ref.uid.clone(),
+                        cluster: c.cluster_name.clone(),
+                        release_requested: c.release_requested,
+                    });
+                    runtime.update(|r| if r.claim != seen { r.claim = seen });
                     host_tx.send_replace(Some(host));
                 }
                 Some(Err(e)) => tracing::warn!("watching the ByoHost failed: {e}; retrying with backoff"),
@@ -349,6 +405,10 @@ async fn serve(
             _ = lease_tick.tick() => match call_timeout(settings.lease_duration / 3, reg.renew_lease(settings.lease_duration)).await {
                 Ok(_) => {
                     metrics.lease_renewals.inc();
+                    runtime.update(|r| {
+                        r.lease_renewed_at = Some(now_rfc3339());
+                        r.lease_error = None;
+                    });
                     if let Some(since) = api_down_since.take() {
                         let secs = since.elapsed().unwrap_or_default().as_secs();
                         tracing::info!(outage_secs = secs, "API server reachable again; Lease renewed");
@@ -357,6 +417,7 @@ async fn serve(
                 }
                 Err(e) => {
                     metrics.lease_renewal_failures.inc();
+                    runtime.update(|r| r.lease_error = Some(e.to_string()));
                     let since = *api_down_since.get_or_insert_with(SystemTime::now);
                     let secs = since.elapsed().unwrap_or_default().as_secs();
                     notify::status(&format!("Cannot renew the Lease for {secs}s ({e}); retrying"));
@@ -387,6 +448,88 @@ async fn serve(
                 tracing::info!("host certificate renewed");
                 return Ok(Exit::Renewed(renewed));
             }
+        }
+    }
+}
+
+/// Records `checks`, says in `STATUS=` and the log whether they pass, and applies the
+/// `PreflightChecksPassed` condition. Returns whether the condition was applied.
+async fn report_preflight(
+    client: &kube::Client,
+    settings: &Settings,
+    name: &str,
+    checks: &[Check],
+    runtime: &RuntimeRecorder,
+) -> bool {
+    runtime.update(|r| {
+        r.preflight_at = Some(now_rfc3339());
+        r.preflight = checks.to_vec();
+    });
+    if doctor::worst(checks) == Severity::Fail {
+        let failures = doctor::failures_message(checks);
+        tracing::warn!("preflight checks fail, so the host is not offered: {failures}");
+        notify::status(&format!(
+            "Preflight checks fail; not offered until they pass (byoh-agent doctor): {failures}"
+        ));
+    } else {
+        tracing::info!("preflight checks pass ({})", doctor::summary(checks));
+    }
+    match tokio::time::timeout(
+        API_CALL_TIMEOUT,
+        doctor::apply_condition(client, &settings.namespace, name, checks),
+    )
+    .await
+    {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!("reporting the preflight checks failed: {e}; will retry");
+            false
+        }
+        Err(_) => {
+            tracing::warn!("reporting the preflight checks timed out; will retry");
+            false
+        }
+    }
+}
+
+/// Repeats the preflight checks every [`doctor::RECHECK_INTERVAL`] and reports them when a
+/// check's result changes (or the last report failed). `reported` holds the checks last
+/// applied, if that succeeded.
+async fn preflight_loop(
+    settings: Settings,
+    client: kube::Client,
+    name: String,
+    systemd: SystemdManager,
+    runtime: RuntimeRecorder,
+    mut reported: Option<Vec<Check>>,
+) {
+    let key = |checks: &[Check]| -> Vec<(String, Severity)> {
+        checks
+            .iter()
+            .map(|c| (c.name.clone(), c.severity))
+            .collect()
+    };
+    loop {
+        tokio::time::sleep(doctor::RECHECK_INTERVAL).await;
+        let checks =
+            doctor::run_checks(&settings, Path::new("/"), Some(&client), Some(&systemd)).await;
+        if reported.as_deref().map(key) == Some(key(&checks)) {
+            runtime.update(|r| {
+                r.preflight_at = Some(now_rfc3339());
+                r.preflight = checks.clone();
+            });
+            continue;
+        }
+        if report_preflight(&client, &settings, &name, &checks, &runtime).await {
+            if doctor::worst(&checks) != Severity::Fail {
+                notify::status(&format!(
+                    "Registered as ByoHost {}/{name}; preflight checks pass",
+                    settings.namespace
+                ));
+            }
+            reported = Some(checks);
+        } else {
+            reported = None;
         }
     }
 }

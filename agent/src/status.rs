@@ -118,6 +118,32 @@ impl RuntimeStatus {
     }
 }
 
+/// The running agent's [`RuntimeStatus`], shared by its tasks; every update is saved.
+#[derive(Clone)]
+pub struct RuntimeRecorder {
+    state_dir: PathBuf,
+    inner: std::sync::Arc<std::sync::Mutex<RuntimeStatus>>,
+}
+
+impl RuntimeRecorder {
+    /// Starts from `initial` (saved at once) in `state_dir`.
+    pub fn new(state_dir: &Path, initial: RuntimeStatus) -> Self {
+        initial.save(state_dir);
+        RuntimeRecorder {
+            state_dir: state_dir.to_path_buf(),
+            inner: std::sync::Arc::new(std::sync::Mutex::new(initial)),
+        }
+    }
+
+    /// Changes the status with `f` and saves it.
+    pub fn update(&self, f: impl FnOnce(&mut RuntimeStatus)) {
+        if let Ok(mut s) = self.inner.lock() {
+            f(&mut s);
+            s.save(&self.state_dir);
+        }
+    }
+}
+
 /// Now in RFC 3339.
 pub fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
@@ -473,6 +499,64 @@ pub async fn gather(settings: &crate::config::Settings) -> Result<StatusReport, 
     let cert_inputs = doctor::certificate_probe(settings);
     let certificate = doctor::certificate_check(&cert_inputs, now);
     Ok(report(runtime.as_ref(), &state, units, &certificate, now))
+}
+
+/// `byoh-agent status`: loads the configuration at `config`, prints the report (a table, or
+/// JSON) and returns the exit status: 0 when printed, [`crate::EXIT_UNSUPPORTED`] (69) when the
+/// agent never ran with this state directory, 1 when its files are unreadable,
+/// [`crate::EXIT_CONFIG`] (78) when the configuration is invalid.
+pub fn cli(json: bool, config: &Path) -> u8 {
+    let settings = match crate::config::load(
+        config,
+        crate::config::Overrides::from_env(|k| std::env::var(k).ok()),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("byoh-agent: {e}");
+            return crate::EXIT_CONFIG;
+        }
+    };
+    if !ever_ran(&settings.state_dir) {
+        let msg = format!(
+            "byoh-agent has not run on this host yet: {} holds none of its files ({RUNTIME_FILE}, {}, {}). Start it with: systemctl enable --now byoh-agent; check the host first with: byoh-agent doctor",
+            settings.state_dir.display(),
+            crate::state::STATE_FILE,
+            crate::identity::KUBECONFIG_FILE
+        );
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({ "phase": null, "neverRan": true, "message": msg })
+            );
+        } else {
+            println!("{msg}");
+        }
+        return crate::EXIT_UNSUPPORTED;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("byoh-agent: starting the tokio runtime: {e}");
+            return crate::EXIT_FAILURE;
+        }
+    };
+    match runtime.block_on(gather(&settings)) {
+        Ok(r) => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                print!("{}", render_table(&r));
+            }
+            crate::EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("byoh-agent: {e}");
+            crate::EXIT_FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

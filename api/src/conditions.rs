@@ -79,6 +79,9 @@ pub mod types {
     pub const LEASE_CURRENT: &str = "LeaseCurrent";
     /// ByoMachine: a host is claimed.
     pub const HOST_CLAIMED: &str = "HostClaimed";
+    /// ByoHost: the agent's preflight checks (`byoh-agent doctor`) pass; while `False` the
+    /// controller does not hand the host out.
+    pub const PREFLIGHT_CHECKS_PASSED: &str = "PreflightChecksPassed";
 }
 
 /// Condition reasons.
@@ -126,6 +129,36 @@ pub mod reasons {
     pub const CLEANUP_FAILED: &str = "CleanupFailed";
     /// ByoHost: a systemd unit is not active.
     pub const UNIT_INACTIVE: &str = "UnitInactive";
+    /// ByoHost: a preflight check fails (the message names each check and its fix); the host
+    /// is not offered until it passes.
+    pub const PREFLIGHT_CHECKS_FAILED: &str = "PreflightChecksFailed";
+
+    /// Every reason above (docs/troubleshooting.md must explain each; a test checks both this
+    /// list against the constants and the document against this list).
+    pub const ALL: &[&str] = &[
+        AS_EXPECTED,
+        PAUSED,
+        NOT_PAUSED,
+        WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+        WAITING_FOR_BOOTSTRAP_DATA,
+        WAITING_FOR_CONTROL_PLANE,
+        NO_HOST_AVAILABLE,
+        WAITING_FOR_BOOTSTRAP,
+        RELEASING,
+        HOST_DELETED,
+        WAITING_FOR_CONTROL_PLANE_ENDPOINT,
+        DELETING,
+        HOST_OFFLINE_RELEASE,
+        RELEASE_TIMED_OUT,
+        FORCED_RELEASE,
+        WAITING_FOR_CLAIM,
+        BOOTSTRAP_DATA_INVALID,
+        BOOTSTRAP_FAILED,
+        INSTALLATION_FAILED,
+        CLEANUP_FAILED,
+        UNIT_INACTIVE,
+        PREFLIGHT_CHECKS_FAILED,
+    ];
 }
 
 /// Values of `ByoHost.status.phase`.
@@ -149,6 +182,82 @@ pub mod phase {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The string values of the `pub const`s declared in `pub mod {name}` blocks of `src`.
+    fn consts_in(src: &str, name: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = src;
+        while let Some(start) = rest.find(&format!("pub mod {name} {{")) {
+            let body = &rest[start..];
+            let end = body.find("\n}").unwrap_or(body.len());
+            out.extend(
+                body[..end]
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix("pub const "))
+                    .filter_map(|l| l.split_once(": &str = \""))
+                    .map(|(_, v)| v.trim_end_matches("\";").to_string()),
+            );
+            rest = &body[end..];
+        }
+        out
+    }
+
+    fn consts_of(name: &str) -> Vec<String> {
+        consts_in(include_str!("conditions.rs"), name)
+    }
+
+    fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// docs/troubleshooting.md has a table row for every condition reason the code declares:
+    /// every `pub mod reasons` block of the api, agent and controller sources.
+    #[test]
+    fn troubleshooting_doc_explains_every_reason() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let doc = std::fs::read_to_string(root.join("docs/troubleshooting.md")).unwrap();
+        let rows: Vec<&str> = doc.lines().filter(|l| l.starts_with("| `")).collect();
+        let mut files = Vec::new();
+        for crate_dir in ["api/src", "agent/src", "controller/src"] {
+            rust_files(&root.join(crate_dir), &mut files);
+        }
+        let mut reasons = Vec::new();
+        for f in files {
+            reasons.extend(consts_in(&std::fs::read_to_string(&f).unwrap(), "reasons"));
+        }
+        assert!(reasons.len() > reasons::ALL.len(), "{reasons:?}");
+        let missing: Vec<&String> = reasons
+            .iter()
+            .filter(|r| {
+                !rows
+                    .iter()
+                    .any(|row| row.starts_with(&format!("| `{r}` |")))
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/troubleshooting.md has no row for {missing:?}: add symptom, command, cause and fix"
+        );
+    }
+
+    #[test]
+    fn reasons_all_lists_every_reason_once() {
+        let mut declared = consts_of("reasons");
+        declared.sort();
+        let mut all: Vec<String> = reasons::ALL.iter().map(|s| s.to_string()).collect();
+        all.sort();
+        assert_eq!(declared, all, "add the new reason to reasons::ALL");
+        let mut dedup = all.clone();
+        dedup.dedup();
+        assert_eq!(dedup, all);
+    }
 
     fn t(s: &str) -> Time {
         Time(s.parse().unwrap())

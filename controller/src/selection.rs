@@ -55,6 +55,8 @@ pub enum Rejection {
     LeaseExpired,
     /// The agent does not report `status.phase: Available`.
     NotAvailable,
+    /// The agent's preflight checks fail (condition `PreflightChecksPassed=False`).
+    PreflightFailed,
     /// The host does not match `spec.selector`.
     Selector,
     /// The host's architecture label differs from the requirement.
@@ -147,6 +149,14 @@ pub fn eligibility(
     let phase = host.status.as_ref().and_then(|s| s.phase.as_deref());
     if phase != Some(byoh_api::conditions::phase::AVAILABLE) {
         return Err(Rejection::NotAvailable);
+    }
+    let preflight_failed = host.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == byoh_api::conditions::types::PREFLIGHT_CHECKS_PASSED && c.status == "False"
+        })
+    });
+    if preflight_failed {
+        return Err(Rejection::PreflightFailed);
     }
     if let Some(selector) = req.selector {
         let empty = BTreeMap::new();
@@ -303,6 +313,7 @@ mod tests {
         lease_age_secs: Option<i64>,
         deleting: bool,
         namespace: &'static str,
+        preflight_failed: bool,
     }
 
     fn h(name: &'static str) -> H {
@@ -315,6 +326,7 @@ mod tests {
             lease_age_secs: Some(5),
             deleting: false,
             namespace: "ns",
+            preflight_failed: false,
         }
     }
 
@@ -350,6 +362,18 @@ mod tests {
             }
             host.status = Some(ByoHostStatus {
                 phase: self.phase.map(Into::into),
+                conditions: if self.preflight_failed {
+                    vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                        type_: "PreflightChecksPassed".into(),
+                        status: "False".into(),
+                        reason: "PreflightChecksFailed".into(),
+                        message: "swap: swap is on".into(),
+                        observed_generation: None,
+                        last_transition_time: Time(now()),
+                    }]
+                } else {
+                    vec![]
+                },
                 ..Default::default()
             });
             let lease = self.lease_age_secs.map(|age| Lease {
@@ -528,6 +552,15 @@ mod tests {
                 },
                 req(),
                 Err(Rejection::NotAvailable),
+            ),
+            (
+                "preflight checks fail",
+                H {
+                    preflight_failed: true,
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::PreflightFailed),
             ),
             (
                 "In matches",

@@ -1,11 +1,14 @@
 //! Stage 1: one TOML fragment as written, every key optional, each value with its position.
+//!
+//! The doc comments of the fields are the key descriptions in docs/agent.md (generated through
+//! their JSON schema by [`crate::docs`]).
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use toml::Spanned;
 
 /// One config file (`agent.toml` or a drop-in) as parsed. Unknown keys are errors.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// `[cluster]` table.
@@ -19,55 +22,77 @@ pub struct RawConfig {
 }
 
 /// `[cluster]`: how to reach the management cluster.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCluster {
     /// Namespace of this host's ByoHost.
+    #[schemars(with = "Option<String>")]
     pub namespace: Option<Spanned<String>>,
-    /// Bootstrap kubeconfig used once to obtain the host's own certificate.
+    /// Bootstrap kubeconfig (from a BootstrapKubeconfig), used to obtain the host's own client
+    /// certificate, which is then kept in `<state_dir>/kubeconfig`.
+    #[schemars(with = "Option<String>")]
     pub bootstrap_kubeconfig: Option<Spanned<String>>,
-    /// A ready kubeconfig (skips TLS bootstrap).
+    /// A ready kubeconfig used as is, skipping the TLS bootstrap (tests, experts).
+    #[schemars(with = "Option<String>")]
     pub kubeconfig: Option<Spanned<String>>,
-    /// Requested lifetime of the host's client certificate, e.g. `720h`.
+    /// Requested lifetime of the host's client certificate, e.g. `720h` (1h to 8760h); renewal
+    /// starts at 80 % of it.
+    #[schemars(with = "Option<String>")]
     pub certificate_lifetime: Option<Spanned<String>>,
 }
 
 /// `[host]`: how this host presents itself.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawHost {
-    /// ByoHost name; default the hostname.
+    /// ByoHost (and Node) name; must be an RFC 1123 name.
+    #[schemars(with = "Option<String>")]
     pub name: Option<Spanned<String>>,
-    /// ByoHost labels (merged key by key across fragments).
+    /// ByoHost labels for ByoMachine selectors (merged label by label across fragments); the
+    /// agent adds `byoh.infrastructure.cluster.x-k8s.io/os` and `/arch` itself.
+    #[schemars(with = "Option<BTreeMap<String, String>>")]
     pub labels: Option<Spanned<BTreeMap<String, String>>>,
-    /// Kubernetes components are pre-installed.
+    /// Kubernetes components (kubeadm, kubelet, containerd) are pre-installed: the installer never
+    /// runs, and preflight problems it would repair (swap, modules, sysctls, containerd) fail.
+    #[schemars(with = "Option<bool>")]
     pub skip_installation: Option<Spanned<bool>>,
     /// Run on an operating system that is not in the supported list.
+    #[schemars(with = "Option<bool>")]
     pub skip_os_check: Option<Spanned<bool>>,
 }
 
 /// `[agent]`: the agent process itself.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAgent {
-    /// Directory of the agent's state (identity, state.json).
+    /// Directory of the agent's state (identity, state.json, agent-status.json), created 0700.
+    #[schemars(with = "Option<String>")]
     pub state_dir: Option<Spanned<String>>,
     /// Directory of downloaded artifacts.
+    #[schemars(with = "Option<String>")]
     pub download_dir: Option<Spanned<String>>,
     /// Log level: error, warn, info, debug or trace.
+    #[schemars(with = "Option<String>")]
     pub log_level: Option<Spanned<String>>,
-    /// Lease duration, e.g. `40s`.
+    /// Duration of the host's Lease, e.g. `40s` (10s to 1h); renewed every third of it.
+    #[schemars(with = "Option<String>")]
     pub lease_duration: Option<Spanned<String>>,
-    /// Address of the metrics endpoint, e.g. `127.0.0.1:9101`; empty disables.
+    /// Address of the Prometheus metrics endpoint (`/metrics`, `/healthz`), e.g.
+    /// `127.0.0.1:9101`; empty disables it.
+    #[schemars(with = "Option<String>")]
     pub metrics_address: Option<Spanned<String>>,
 }
 
 /// `[bootstrap]`: how the Machine's bootstrap data (cloud-config) is run.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawBootstrap {
-    /// cloud-config modules accepted without running them, e.g. `["ntp"]`.
+    /// cloud-config modules accepted without running them, e.g. `["ntp"]`, for hosts already set
+    /// up for them; write_files and runcmd always run.
+    #[schemars(with = "Option<Vec<String>>")]
     pub ignore_modules: Option<Spanned<Vec<String>>>,
-    /// Timeout of each runcmd command, e.g. `30m`.
+    /// Timeout of each runcmd command, e.g. `30m` (10s to 24h); a command still running then is
+    /// killed with its process group and the bootstrap fails.
+    #[schemars(with = "Option<String>")]
     pub command_timeout: Option<Spanned<String>>,
 }
