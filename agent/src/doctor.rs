@@ -116,6 +116,17 @@ pub enum UnitProbe {
     Unknown(String),
 }
 
+/// A listening TCP port and who holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortUse {
+    /// The port.
+    pub port: u16,
+    /// `name (pid N)` of the process holding the socket, if one of this host's processes
+    /// does; `None` when no visible process holds it (another PID namespace sharing this
+    /// network namespace, e.g. a container, or `doctor` not run as root).
+    pub owner: Option<String>,
+}
+
 /// What the API probes saw.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiProbe {
@@ -186,7 +197,7 @@ pub struct Inputs {
     /// containerd's unit.
     pub containerd: UnitProbe,
     /// Ports of [`KUBELET_PORT`], [`API_SERVER_PORT`] that something listens on.
-    pub busy_ports: Vec<u16>,
+    pub busy_ports: Vec<PortUse>,
     /// Whether this host holds a claim (its own kubelet and API server may listen then).
     pub claimed: bool,
     /// The API probes, or why there is no API server to probe.
@@ -392,7 +403,12 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
     });
 
     out.push({
-        let busy = |p: u16| i.busy_ports.contains(&p);
+        let describe = |u: &PortUse| match &u.owner {
+            Some(o) => format!("TCP {} is held by {o}", u.port),
+            None => format!("TCP {} is held by no process of this host (another container sharing its network namespace, or run doctor as root to see the owner)", u.port),
+        };
+        let kubelet = i.busy_ports.iter().find(|u| u.port == KUBELET_PORT);
+        let api = i.busy_ports.iter().find(|u| u.port == API_SERVER_PORT);
         if i.busy_ports.is_empty() {
             check(
                 "ports",
@@ -405,28 +421,31 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
                 "ports",
                 Severity::Pass,
                 format!(
-                    "TCP {} in use; this host is claimed, so its own kubelet and API server may hold them",
-                    i.busy_ports
-                        .iter()
-                        .map(u16::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "{}; this host is claimed, so its own kubelet and API server may hold them",
+                    i.busy_ports.iter().map(describe).collect::<Vec<_>>().join("; ")
                 ),
                 "",
             )
-        } else if busy(KUBELET_PORT) {
+        } else if let Some(u) = kubelet.filter(|u| u.owner.is_some()) {
             check(
                 "ports",
                 Severity::Fail,
-                format!("TCP {KUBELET_PORT} (kubelet) is in use on a free host: kubeadm join would fail"),
-                &format!("find the listener with ss -ltnp 'sport = :{KUBELET_PORT}' and stop it (a kubelet left from an earlier cluster: kubeadm reset --force)"),
+                format!("{} on a free host: kubeadm join would fail (kubelet port)", describe(u)),
+                &format!("stop it (ss -ltnp 'sport = :{KUBELET_PORT}' shows it; a kubelet left from an earlier cluster: kubeadm reset --force, systemctl disable --now kubelet)"),
             )
         } else {
+            let mut what: Vec<String> = Vec::new();
+            if let Some(u) = kubelet {
+                what.push(format!("{}: kubeadm join fails while it listens", describe(u)));
+            }
+            if let Some(u) = api {
+                what.push(format!("{}: this host cannot become a control-plane node", describe(u)));
+            }
             check(
                 "ports",
                 Severity::Warn,
-                format!("TCP {API_SERVER_PORT} (API server) is in use: this host cannot become a control-plane node"),
-                &format!("find the listener with ss -ltnp 'sport = :{API_SERVER_PORT}' and stop it, or only use this host for workers"),
+                what.join("; "),
+                "find the listener with ss -ltnp 'sport = :10250 or sport = :6443' and stop it, or only use this host for workers",
             )
         }
     });
@@ -710,19 +729,53 @@ pub fn is_cgroup2(path: &Path) -> bool {
 }
 
 /// Of [`KUBELET_PORT`] and [`API_SERVER_PORT`], the ones a TCP socket listens on (IPv4 and
-/// IPv6, from `/proc/net/tcp` and `/proc/net/tcp6`).
-pub fn busy_ports() -> Vec<u16> {
-    let mut listening: Vec<u16> = procfs::net::tcp()
+/// IPv6, from `/proc/net/tcp` and `/proc/net/tcp6`), each with the process holding the socket
+/// (matched by socket inode through `/proc/<pid>/fd`; needs root for other users' processes).
+pub fn busy_ports() -> Vec<PortUse> {
+    let mut listening: Vec<(u16, u64)> = procfs::net::tcp()
         .into_iter()
         .chain(procfs::net::tcp6())
         .flatten()
         .filter(|e| e.state == procfs::net::TcpState::Listen)
-        .map(|e| e.local_address.port())
-        .filter(|p| *p == KUBELET_PORT || *p == API_SERVER_PORT)
+        .map(|e| (e.local_address.port(), e.inode))
+        .filter(|(p, _)| *p == KUBELET_PORT || *p == API_SERVER_PORT)
         .collect();
+    if listening.is_empty() {
+        return Vec::new();
+    }
     listening.sort_unstable();
-    listening.dedup();
-    listening
+    let mut owners: Vec<(u64, String)> = Vec::new();
+    for process in procfs::process::all_processes()
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(fds) = process.fd() else { continue };
+        for fd in fds.flatten() {
+            if let procfs::process::FDTarget::Socket(inode) = fd.target
+                && listening.iter().any(|(_, i)| *i == inode)
+            {
+                let name = process.stat().map_or_else(|_| "?".into(), |s| s.comm);
+                owners.push((inode, format!("{name} (pid {})", process.pid)));
+            }
+        }
+    }
+    let mut out: Vec<PortUse> = Vec::new();
+    for (port, inode) in listening {
+        let owner = owners
+            .iter()
+            .find(|(i, _)| *i == inode)
+            .map(|(_, o)| o.clone());
+        match out.iter_mut().find(|u| u.port == port) {
+            Some(u) => {
+                if u.owner.is_none() {
+                    u.owner = owner;
+                }
+            }
+            None => out.push(PortUse { port, owner }),
+        }
+    }
+    out
 }
 
 /// The kubeconfig the agent authenticates with now: `[cluster] kubeconfig`, else the host's

@@ -171,14 +171,24 @@ fn each_problem_names_its_check_severity_and_fix() {
         ),
         (
             "kubelet port busy",
-            Box::new(|i| i.busy_ports = vec![10250]),
+            Box::new(|i| {
+                i.busy_ports = vec![PortUse {
+                    port: 10250,
+                    owner: Some("kubelet (pid 7)".into()),
+                }]
+            }),
             "ports",
             Severity::Fail,
             "ss -ltnp",
         ),
         (
             "api port busy",
-            Box::new(|i| i.busy_ports = vec![6443]),
+            Box::new(|i| {
+                i.busy_ports = vec![PortUse {
+                    port: 6443,
+                    owner: Some("kube-apiserver (pid 8)".into()),
+                }]
+            }),
             "ports",
             Severity::Warn,
             "ss -ltnp",
@@ -310,9 +320,43 @@ fn each_problem_names_its_check_severity_and_fix() {
 #[test]
 fn busy_ports_pass_on_a_claimed_host_and_installer_repairs_are_warnings() {
     let mut i = healthy();
-    i.busy_ports = vec![6443, 10250];
+    let kubelet = PortUse {
+        port: 10250,
+        owner: Some("kubelet (pid 7)".into()),
+    };
+    i.busy_ports = vec![
+        PortUse {
+            port: 6443,
+            owner: None,
+        },
+        kubelet.clone(),
+    ];
     i.claimed = true;
     assert_eq!(find(&evaluate(&i), "ports").severity, Severity::Pass);
+    // A listener no process of this host holds (a container sharing the network namespace)
+    // is a warning, not a failure.
+    i.claimed = false;
+    i.busy_ports = vec![PortUse {
+        port: 10250,
+        owner: None,
+    }];
+    let c = evaluate(&i);
+    let ports = find(&c, "ports");
+    assert_eq!(ports.severity, Severity::Warn, "{ports:?}");
+    assert!(
+        ports.message.contains("no process of this host"),
+        "{ports:?}"
+    );
+    i.busy_ports = vec![kubelet];
+    let c = evaluate(&i);
+    let ports = find(&c, "ports");
+    assert_eq!(ports.severity, Severity::Fail);
+    assert!(
+        ports
+            .message
+            .starts_with("TCP 10250 is held by kubelet (pid 7)"),
+        "{ports:?}"
+    );
     let mut i = healthy();
     i.containerd = UnitProbe::State(UnitState {
         load_state: "not-found".into(),
