@@ -393,13 +393,39 @@ pub async fn claim_host(
     uid: &str,
     secret: &str,
 ) -> anyhow::Result<()> {
+    claim_host_installing(client, namespace, name, machine, uid, secret, None).await
+}
+
+/// Like [`claim_host`], with the claim naming K8sInstallerConfig `installer` (name) and the
+/// Kubernetes version to install, as the controller writes them for a ByoMachine with an
+/// `installerRef`.
+///
+/// Errors when the patch is refused.
+pub async fn claim_host_installing(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    machine: &str,
+    uid: &str,
+    secret: &str,
+    installer: Option<(&str, &str)>,
+) -> anyhow::Result<()> {
     let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({ "spec": { "claim": {
+    let mut claim = serde_json::json!({
         "machineRef": { "name": machine, "uid": uid },
         "clusterName": "test-cluster",
         "bootstrapSecretRef": { "name": secret },
         "providerID": format!("byoh://{name}/{}", &uid[..uid.len().min(6)]),
-    }}});
+    });
+    if let Some((config, version)) = installer {
+        claim["installerRef"] = serde_json::json!({
+            "apiGroup": byoh_api::GROUP,
+            "kind": "K8sInstallerConfig",
+            "name": config,
+        });
+        claim["kubernetesVersion"] = serde_json::json!(version);
+    }
+    let patch = serde_json::json!({ "spec": { "claim": claim } });
     hosts
         .patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await?;

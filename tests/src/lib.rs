@@ -5,6 +5,7 @@
 //! - [`hosts`]: booted Debian 12 systemd hosts (systemd-nspawn) from `tests/hosts/*`.
 //! - [`kubeadm`]: the control plane prepared for `kubeadm join`, the installer artifacts served
 //!   on loopback, CABPK-shaped join data (end-to-end test, demo).
+//! - [`http`]: a loopback HTTP file server that counts requests (installer downloads).
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
@@ -12,6 +13,7 @@
 pub mod agent;
 pub mod control_plane;
 pub mod hosts;
+pub mod http;
 pub mod kubeadm;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead

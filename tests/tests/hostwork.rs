@@ -7,10 +7,14 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_api::ByoHost;
+use byoh_api::K8sInstallerConfig;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::hosts::{self, Host};
+use byoh_tests::http::FileServer;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
+use kube::api::PostParams;
 use std::time::Duration;
 
 /// A stand-in `kubeadm`: records each call in /run/byoh-test-kubeadm.log; `join` fails when
@@ -391,82 +395,298 @@ async fn kill_at(host: &Host, step: &str) {
     .unwrap();
 }
 
+/// The tarball source's stand-ins: a kubeadm that records each call (as [`FAKE_KUBEADM`]), a
+/// kubelet that records each start and then runs, a kubectl.
+const TARBALL_KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log\nif [ \"$1\" = version ]; then echo v1.36.3; fi\nif [ \"$1\" = join ] && [ -e /etc/byoh-test-kubeadm-fail ]; then echo 'join failed' >&2; exit 1; fi\nexit 0\n";
+const TARBALL_KUBELET: &str = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Kubernetes v1.36.3'; exit 0; fi\necho \"$*\" >> /run/byoh-test-kubelet.starts\nexec sleep infinity\n";
+const TARBALL_KUBECTL: &str = "#!/bin/sh\necho 'Client Version: v1.36.3'\n";
+const TARBALL_PATHS: [&str; 3] = ["/kubeadm", "/kubelet", "/kubectl"];
+
+async fn tarball_server() -> FileServer {
+    FileServer::start(vec![
+        ("/kubeadm".into(), TARBALL_KUBEADM.as_bytes().to_vec()),
+        ("/kubelet".into(), TARBALL_KUBELET.as_bytes().to_vec()),
+        ("/kubectl".into(), TARBALL_KUBECTL.as_bytes().to_vec()),
+    ])
+    .await
+    .unwrap()
+}
+
+/// Creates K8sInstallerConfig `name` with a `tarball` source on `server`; `kubelet_sha256`
+/// overrides the kubelet's (right) sha256.
+async fn tarball_config(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    server: &FileServer,
+    kubelet_sha256: Option<&str>,
+) {
+    let sha = |b: &str| byoh_tests::http::sha256(b.as_bytes()).unwrap();
+    let base = server.base();
+    let config: K8sInstallerConfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": byoh_api::API_VERSION,
+        "kind": "K8sInstallerConfig",
+        "metadata": { "name": name, "namespace": ns },
+        "spec": { "tarball": {
+            "kubeadm": { "url": format!("{base}/kubeadm"), "sha256": sha(TARBALL_KUBEADM) },
+            "kubelet": {
+                "url": format!("{base}/kubelet?token=s3cr3t"),
+                "sha256": kubelet_sha256.map_or_else(|| sha(TARBALL_KUBELET), str::to_string),
+            },
+            "kubectl": { "url": format!("{base}/kubectl"), "sha256": sha(TARBALL_KUBECTL) },
+        }},
+    }))
+    .unwrap();
+    Api::<K8sInstallerConfig>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+}
+
+/// Registers `host` (a fresh boot) in `ns`; the ByoHost API.
+async fn register_in(client: &kube::Client, ns: &str, host: &Host) -> Api<ByoHost> {
+    agent::register(
+        client,
+        &control_plane::kubeconfig_path().unwrap(),
+        ns,
+        host,
+        "",
+    )
+    .await
+    .unwrap();
+    Api::namespaced(client.clone(), ns)
+}
+
+/// Lines of the kubeadm stand-in's log that are steps (`join`, `reset`), not version queries.
+async fn kubeadm_steps(host: &Host) -> String {
+    host.read_to_string("/run/byoh-test-kubeadm.log")
+        .await
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with("version"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// A registered host of the kill test, with its own tarball server and K8sInstallerConfig.
+struct KillHost {
+    client: kube::Client,
+    ns: String,
+    host: Host,
+    hosts: Api<ByoHost>,
+    server: FileServer,
+    config: String,
+    /// [`agent::snapshot`] before the first claim.
+    before: String,
+}
+
+/// One claim and release on `k.host` (its `round`-th, 1-based) with the agent killed before
+/// `bootstrap_step`, then before `cleanup_step`; asserts that every step ran exactly once and
+/// the host is as before.
+async fn kill_cycle(
+    k: &KillHost,
+    cycle: usize,
+    round: usize,
+    bootstrap_step: &str,
+    cleanup_step: &str,
+) {
+    let (client, ns, host, hosts, server) =
+        (&k.client, k.ns.as_str(), &k.host, &k.hosts, &k.server);
+    let name = host.name().to_string();
+    let what = format!("{name}: killed before {bootstrap_step} / {cleanup_step}");
+    host.run(&[
+        "rm",
+        "-f",
+        "/run/byoh-count",
+        "/run/byoh-test-kubeadm.log",
+        "/run/byoh-test-kubelet.starts",
+    ])
+    .await
+    .unwrap();
+    let uid = format!("uid-kill-{cycle:04}");
+    let secret = format!("kill-{cycle}");
+    agent::create_bootstrap_secret(client, ns, &secret, COUNTING)
+        .await
+        .unwrap();
+
+    set_failpoint(host, Some(bootstrap_step)).await;
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    agent::claim_host_installing(
+        client,
+        ns,
+        &name,
+        &format!("m-{cycle}"),
+        &uid,
+        &secret,
+        Some((&k.config, "v1.36.3")),
+    )
+    .await
+    .unwrap();
+    kill_at(host, bootstrap_step).await;
+    wait_phase(hosts, &name, "Provisioned", 120).await;
+    assert_restarted_by_systemd(host).await;
+    assert_eq!(
+        host.read_to_string("/run/byoh-count").await.unwrap(),
+        "one\nthree\n",
+        "{what}"
+    );
+    assert_eq!(
+        host.read_to_string("/etc/byoh-test/kill/log")
+            .await
+            .unwrap(),
+        "appended\n",
+        "{what}"
+    );
+    // The install ran once: one download of each artifact per round, one kubelet start.
+    for p in TARBALL_PATHS {
+        assert_eq!(server.hits(p), round, "{what}: downloads of {p}");
+    }
+    assert_eq!(
+        host.read_to_string("/run/byoh-test-kubelet.starts")
+            .await
+            .unwrap()
+            .lines()
+            .count(),
+        1,
+        "{what}: kubelet starts"
+    );
+
+    set_failpoint(host, Some(cleanup_step)).await;
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    agent::request_release(client, ns, &name).await.unwrap();
+    kill_at(host, cleanup_step).await;
+    wait_cleaned(hosts, &name, &uid).await;
+    assert_restarted_by_systemd(host).await;
+    assert_eq!(
+        kubeadm_steps(host).await,
+        "join --config /etc/byoh-test/kill/a.conf\nreset --force\n",
+        "{what}"
+    );
+    agent::drop_claim(client, ns, &name).await.unwrap();
+    wait_phase(hosts, &name, "Available", 60).await;
+    let diff = agent::snapshot_diff(&k.before, &agent::snapshot(host).await.unwrap());
+    assert!(
+        diff.is_empty(),
+        "{what}: the host differs from before the claim:\n{}",
+        diff.join("\n")
+    );
+}
+
+/// Hosts the kill boundaries are spread over (each runs its share of the claim cycles).
+const KILL_HOSTS: usize = 3;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_at_every_step_boundary_the_host_converges_without_repeating_a_step() {
-    let Some((client, ns, host, hosts)) = setup("hostwork-kill").await else {
+    let Some(client) = control_plane::client().await else {
         return;
     };
-    let name = host.name().to_string();
-    let pairs = [
-        ("provider-id", "kubeadm-reset"),
-        ("write_files[1]", "stop-kubelet"),
-        ("runcmd[1]", "remove-files"),
-        ("runcmd[3]", "kubeadm-reset"),
-        ("sentinel", "remove-files"),
-    ];
-    for (i, (bootstrap_step, cleanup_step)) in pairs.iter().enumerate() {
-        host.run(&["rm", "-f", "/run/byoh-count", "/run/byoh-test-kubeadm.log"])
-            .await
-            .unwrap();
-        let uid = format!("uid-kill-{i:04}");
-        let secret = format!("kill-{i}");
-        agent::create_bootstrap_secret(&client, ns.name(), &secret, COUNTING)
-            .await
-            .unwrap();
-
-        set_failpoint(&host, Some(bootstrap_step)).await;
-        host.run(&["systemctl", "restart", "byoh-agent"])
-            .await
-            .unwrap();
-        agent::claim_host(&client, ns.name(), &name, &format!("m-{i}"), &uid, &secret)
-            .await
-            .unwrap();
-        kill_at(&host, bootstrap_step).await;
-        wait_phase(&hosts, &name, "Provisioned", 90).await;
-        assert_restarted_by_systemd(&host).await;
-        assert_eq!(
-            host.read_to_string("/run/byoh-count").await.unwrap(),
-            "one\nthree\n",
-            "killed before {bootstrap_step}"
-        );
-        assert_eq!(
-            host.read_to_string("/etc/byoh-test/kill/log")
-                .await
-                .unwrap(),
-            "appended\n",
-            "killed before {bootstrap_step}"
-        );
-
-        set_failpoint(&host, Some(cleanup_step)).await;
-        host.run(&["systemctl", "restart", "byoh-agent"])
-            .await
-            .unwrap();
-        agent::request_release(&client, ns.name(), &name)
-            .await
-            .unwrap();
-        kill_at(&host, cleanup_step).await;
-        wait_cleaned(&hosts, &name, &uid).await;
-        assert_restarted_by_systemd(&host).await;
-        let kubeadm = host
-            .read_to_string("/run/byoh-test-kubeadm.log")
-            .await
-            .unwrap();
-        assert_eq!(
-            kubeadm, "join --config /etc/byoh-test/kill/a.conf\nreset --force\n",
-            "killed before {bootstrap_step} / {cleanup_step}"
-        );
-        assert!(
-            !host
-                .exec(&["test", "-e", "/etc/byoh-test/kill"])
-                .await
-                .unwrap()
-                .success(),
-            "release removes what bootstrap wrote"
-        );
-        agent::drop_claim(&client, ns.name(), &name).await.unwrap();
-        wait_phase(&hosts, &name, "Available", 60).await;
+    if !hosts::available() {
+        return;
     }
-    host.stop().await.unwrap();
+    // Every boundary, from the agent's own step lists: a claim with an installer and the
+    // COUNTING bootstrap data, and its clean-up.
+    let doc = byoh_agent::cloudinit::parse(
+        COUNTING,
+        &byoh_agent::cloudinit::InstanceData {
+            local_hostname: "h".into(),
+            instance_id: "h".into(),
+        },
+    )
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let plan = byoh_agent::cloudinit::validate(
+        &doc,
+        &byoh_agent::cloudinit::ValidateOptions {
+            root: root.path(),
+            host_name: "h",
+            ignore_modules: &[],
+        },
+    )
+    .unwrap();
+    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(true, &plan)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let cleanup: Vec<String> = byoh_agent::hostwork::CLEANUP_STEPS
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    for s in [
+        "install",
+        "write_files[0]",
+        "runcmd[0]",
+        "runcmd[2]",
+        "sentinel",
+    ] {
+        assert!(bootstrap.iter().any(|b| b == s), "{s} in {bootstrap:?}");
+    }
+    assert!(cleanup.iter().any(|c| c == "uninstall"), "{cleanup:?}");
+    let cycles = bootstrap.len().max(cleanup.len());
+    let pairs: Vec<(String, String)> = (0..cycles)
+        .map(|i| {
+            (
+                bootstrap[i % bootstrap.len()].clone(),
+                cleanup[i % cleanup.len()].clone(),
+            )
+        })
+        .collect();
+    eprintln!("kill boundaries: {pairs:?} over {KILL_HOSTS} hosts");
+
+    let ns = TestNamespace::create(&client, "hostwork-kill")
+        .await
+        .unwrap();
+    let labels: Vec<String> = (0..KILL_HOSTS)
+        .map(|h| format!("hostwork-kill{h}"))
+        .collect();
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    let booted = Host::boot_many(&labels).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (h, host) in booted.into_iter().enumerate() {
+        let hosts = register_in(&client, ns.name(), &host).await;
+        let mine: Vec<(usize, (String, String))> = pairs
+            .iter()
+            .cloned()
+            .enumerate()
+            .filter(|(i, _)| i % KILL_HOSTS == h)
+            .collect();
+        // Each host downloads from a server of its own, so downloads count per host.
+        let server = tarball_server().await;
+        let config = format!("kill-tarball-{h}");
+        tarball_config(&client, ns.name(), &config, &server, None).await;
+        // The failpoint drop-ins go here; the directory stays between cycles.
+        host.run(&["mkdir", "-p", "/etc/systemd/system/byoh-agent.service.d"])
+            .await
+            .unwrap();
+        let before = agent::snapshot(&host).await.unwrap();
+        let k = KillHost {
+            client: client.clone(),
+            ns: ns.name().to_string(),
+            host,
+            hosts,
+            server,
+            config,
+            before,
+        };
+        tasks.spawn(async move {
+            for (round, (cycle, (b, c))) in mine.iter().enumerate() {
+                let started = std::time::Instant::now();
+                kill_cycle(&k, *cycle, round + 1, b, c).await;
+                eprintln!(
+                    "{}: killed before {b} / {c}: converged in {:.1} s",
+                    k.host.name(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            k.host.stop().await.unwrap();
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
     ns.cleanup(&client).await.unwrap();
 }
 
@@ -608,6 +828,175 @@ async fn bootstrap_finishes_while_the_api_server_is_down_and_is_reported_when_it
         host.read_to_string("/run/byoh-count").await.unwrap(),
         "ran\n",
         "nothing ran twice"
+    );
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+async fn condition(hosts: &Api<ByoHost>, name: &str, type_: &str) -> Option<Condition> {
+    status_of(hosts, name)
+        .await
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+}
+
+async fn exists(host: &Host, path: &str) -> bool {
+    host.exec(&["test", "-e", path]).await.unwrap().success()
+}
+
+/// Release the claim of `uid` and drop it, as the controller does; waits for `Available`.
+async fn release(client: &kube::Client, ns: &str, hosts: &Api<ByoHost>, name: &str, uid: &str) {
+    agent::request_release(client, ns, name).await.unwrap();
+    wait_cleaned(hosts, name, uid).await;
+    agent::drop_claim(client, ns, name).await.unwrap();
+    wait_phase(hosts, name, "Available", 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tarball_install_through_a_claim_bootstraps_and_the_release_reverts_everything() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "hostwork-tarball")
+        .await
+        .unwrap();
+    let host = Host::boot("hostwork-tarball").await.unwrap();
+    let name = host.name().to_string();
+    let hosts = register_in(&client, ns.name(), &host).await;
+    let server = tarball_server().await;
+    tarball_config(&client, ns.name(), "good", &server, None).await;
+    let wrong = byoh_tests::http::sha256(b"not the kubelet").unwrap();
+    tarball_config(&client, ns.name(), "bad", &server, Some(&wrong)).await;
+    agent::create_bootstrap_secret(&client, ns.name(), "data", COUNTING)
+        .await
+        .unwrap();
+    // containerd runs as on a real host (the installer restarts it for its cgroup driver).
+    let _ = host
+        .run(&["systemctl", "start", "containerd.service"])
+        .await;
+    let before = agent::snapshot(&host).await.unwrap();
+
+    // A wrong sha256: refused before anything is written; the ByoHost says why.
+    agent::claim_host_installing(
+        &client,
+        ns.name(),
+        &name,
+        "m-bad",
+        "uid-tarbad-01",
+        "data",
+        Some(("bad", "v1.36.3")),
+    )
+    .await
+    .unwrap();
+    wait_phase(&hosts, &name, "Failed", 90).await;
+    let installed = condition(&hosts, &name, "K8sComponentsInstalled")
+        .await
+        .unwrap();
+    assert_eq!(
+        (installed.status.as_str(), installed.reason.as_str()),
+        ("False", "InstallationFailed")
+    );
+    for want in [
+        "sha256",
+        &wrong,
+        "nothing was installed",
+        &format!("{}/kubelet", server.base()),
+    ] {
+        assert!(installed.message.contains(want), "{}", installed.message);
+    }
+    assert!(
+        !installed.message.contains("s3cr3t"),
+        "{}",
+        installed.message
+    );
+    let bootstrap = condition(&hosts, &name, "BootstrapSucceeded")
+        .await
+        .unwrap();
+    assert_eq!(bootstrap.reason, "InstallationFailed");
+    let diff = agent::snapshot_diff(&before, &agent::snapshot(&host).await.unwrap());
+    assert!(
+        diff.is_empty(),
+        "a refused install changed the host:\n{}",
+        diff.join("\n")
+    );
+    assert!(!exists(&host, "/run/byoh-count").await, "nothing ran");
+    assert!(!exists(&host, "/usr/local/bin/kubelet").await);
+    release(&client, ns.name(), &hosts, &name, "uid-tarbad-01").await;
+
+    // The right one: installed, kubelet.service started over D-Bus, the bootstrap runs.
+    agent::claim_host_installing(
+        &client,
+        ns.name(),
+        &name,
+        "m-good",
+        "uid-tarok-01",
+        "data",
+        Some(("good", "v1.36.3")),
+    )
+    .await
+    .unwrap();
+    let done = wait_phase(&hosts, &name, "Provisioned", 120).await;
+    let conds = done.status.unwrap().conditions;
+    assert!(byoh_api::conditions::is_true(
+        &conds,
+        "K8sComponentsInstalled"
+    ));
+    assert!(byoh_api::conditions::is_true(&conds, "BootstrapSucceeded"));
+    wait_for("KubeletActive=True", Duration::from_secs(30), || async {
+        Ok(condition(&hosts, &name, "KubeletActive")
+            .await
+            .filter(|c| c.status == "True"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        host.run(&["systemctl", "is-enabled", "kubelet.service"])
+            .await
+            .unwrap()
+            .trim(),
+        "enabled"
+    );
+    // kubelet runs the tarball's binary with the kubeadm drop-in and the claim's providerID.
+    let args = host
+        .read_to_string("/run/byoh-test-kubelet.starts")
+        .await
+        .unwrap();
+    assert!(
+        args.contains("--config=/var/lib/kubelet/config.yaml"),
+        "{args}"
+    );
+    assert_eq!(
+        host.read_to_string("/run/byoh-count").await.unwrap(),
+        "one\nthree\n"
+    );
+    assert_eq!(
+        kubeadm_steps(&host).await,
+        "join --config /etc/byoh-test/kill/a.conf\n"
+    );
+
+    // Release: reset with the installed kubeadm, then uninstall; the host is as before.
+    release(&client, ns.name(), &hosts, &name, "uid-tarok-01").await;
+    assert_eq!(
+        kubeadm_steps(&host).await,
+        "join --config /etc/byoh-test/kill/a.conf\nreset --force\n"
+    );
+    assert_ne!(
+        host.exec(&["systemctl", "is-active", "kubelet.service"])
+            .await
+            .unwrap()
+            .stdout
+            .trim(),
+        "active"
+    );
+    let diff = agent::snapshot_diff(&before, &agent::snapshot(&host).await.unwrap());
+    assert!(
+        diff.is_empty(),
+        "the release must return the host to its pre-claim state:\n{}",
+        diff.join("\n")
     );
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();

@@ -58,6 +58,84 @@ pub const RUNTIME_DIRS: &[&str] = &[
 /// say so in `STATUS=`) just before that step, so tests can kill it at a step boundary.
 pub const FAILPOINT_ENV: &str = "BYOH_FAILPOINT";
 
+/// One step of the bootstrap. Its [`Display`](std::fmt::Display) form is the step's name in
+/// `state.json` and in the failpoint `pause-before:<step>`: `install`, `provider-id`,
+/// `write_files[N]`, `runcmd[N]` (N is the entry's index in the cloud-config) and `sentinel`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootstrapStep {
+    /// Install Kubernetes components as the claim's K8sInstallerConfig asks.
+    Install,
+    /// Write the kubelet drop-in with the claim's providerID ([`PROVIDER_ID_DROPIN`]).
+    ProviderId,
+    /// Write `write_files[N]`.
+    WriteFile(usize),
+    /// Run `runcmd[N]`.
+    RunCmd(usize),
+    /// Check the CAPI sentinel [`SENTINEL`].
+    Sentinel,
+}
+
+impl std::fmt::Display for BootstrapStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BootstrapStep::Install => f.write_str("install"),
+            BootstrapStep::ProviderId => f.write_str("provider-id"),
+            BootstrapStep::WriteFile(i) => write!(f, "write_files[{i}]"),
+            BootstrapStep::RunCmd(i) => write!(f, "runcmd[{i}]"),
+            BootstrapStep::Sentinel => f.write_str("sentinel"),
+        }
+    }
+}
+
+/// Every step of a bootstrap, in the order [`HostWorker`] runs them (it runs exactly this
+/// list): `install` when the claim names a K8sInstallerConfig and installation is not skipped
+/// (`install`), the provider-id drop-in, each `write_files` entry of `plan` in execution order
+/// (deferred ones last), each `runcmd` entry, then the sentinel check.
+pub fn bootstrap_steps(install: bool, plan: &cloudinit::Plan) -> Vec<BootstrapStep> {
+    let mut steps = Vec::new();
+    if install {
+        steps.push(BootstrapStep::Install);
+    }
+    steps.push(BootstrapStep::ProviderId);
+    steps.extend(plan.files.iter().map(|f| BootstrapStep::WriteFile(f.index)));
+    steps.extend(plan.commands.iter().map(|c| BootstrapStep::RunCmd(c.index)));
+    steps.push(BootstrapStep::Sentinel);
+    steps
+}
+
+/// One step of the clean-up; its [`Display`](std::fmt::Display) form is its name in
+/// `state.json` and in the failpoint `pause-before:<step>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanupStep {
+    /// `kubeadm reset --force`, if kubeadm exists.
+    KubeadmReset,
+    /// Stop and disable kubelet.service, if it exists.
+    StopKubelet,
+    /// Remove (or restore) what the bootstrap wrote and the runtime directories it created.
+    RemoveFiles,
+    /// Revert the install manifest.
+    Uninstall,
+}
+
+impl std::fmt::Display for CleanupStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CleanupStep::KubeadmReset => "kubeadm-reset",
+            CleanupStep::StopKubelet => "stop-kubelet",
+            CleanupStep::RemoveFiles => "remove-files",
+            CleanupStep::Uninstall => "uninstall",
+        })
+    }
+}
+
+/// Every step of a clean-up, in the order [`HostWorker`] runs them (it runs exactly this list).
+pub const CLEANUP_STEPS: [CleanupStep; 4] = [
+    CleanupStep::KubeadmReset,
+    CleanupStep::StopKubelet,
+    CleanupStep::RemoveFiles,
+    CleanupStep::Uninstall,
+];
+
 /// What to do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -566,198 +644,220 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
 
         // Kubernetes components, if the claim asks for them (resumable: the installer keeps
         // its own manifest of every change, which the clean-up reverts).
-        let step = "install";
-        if let Some(installer_ref) = claim
+        let installer_ref = claim
             .installer_ref
             .as_ref()
-            .filter(|_| !self.settings.skip_installation)
-            && !state.claim.as_ref().is_some_and(|w| w.done(step))
-        {
-            failpoint(step).await;
-            self.record_start(state, step, Rerun::Idempotent)?;
-            if let Some(w) = state.claim.as_mut() {
-                w.installed = true;
-            }
-            self.save(state)?;
-            notify::status(&format!(
-                "Installing Kubernetes components for ByoMachine {}/{machine}",
-                self.settings.namespace
-            ));
-            self.report(
-                host,
-                phase::INSTALLING,
-                state,
-                &[(
-                    types::K8S_COMPONENTS_INSTALLED,
-                    false,
-                    reasons::WAITING_FOR_BOOTSTRAP,
-                    "installing",
-                )],
-            )
-            .await?;
-            let configs: Api<byoh_api::K8sInstallerConfig> =
-                Api::namespaced(self.client.clone(), &self.settings.namespace);
-            let config =
-                configs
-                    .get(&installer_ref.name)
-                    .await
-                    .map_err(|source| WorkError::Api {
-                        action: format!("reading K8sInstallerConfig {}", installer_ref.name),
-                        source,
-                    })?;
-            let version = claim.kubernetes_version.clone().or_else(|| {
-                config
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.kubernetes_version.clone())
-            });
-            let Some(kubernetes_version) = version else {
-                let message = format!(
-                    "neither the claim nor K8sInstallerConfig {} names a Kubernetes version",
-                    installer_ref.name
-                );
-                self.record_finish(state, step, Err(message.clone()))?;
-                return self
-                    .fail(host, state, reasons::INSTALLATION_FAILED, message)
-                    .await;
-            };
-            let request = crate::installer::InstallRequest {
-                kubernetes_version,
-                spec: config.spec.clone(),
-                download_dir: self.settings.download_dir.clone(),
-                root: self.settings.root.clone(),
-            };
-            let manifest = self
-                .settings
-                .state_dir
-                .join(crate::installer::MANIFEST_FILE);
-            match crate::installer::install(
-                &request,
-                &self.settings.host_info,
-                &self.units,
-                &self.runner,
-                &manifest,
-            )
-            .await
+            .filter(|_| !self.settings.skip_installation);
+        for next in bootstrap_steps(installer_ref.is_some(), &plan) {
+            let step = next.to_string();
+            if next != BootstrapStep::Sentinel
+                && state.claim.as_ref().is_some_and(|w| w.done(&step))
             {
-                Ok(_) => {
-                    self.record_finish(state, step, Ok(()))?;
+                continue;
+            }
+            failpoint(&step).await;
+            match next {
+                BootstrapStep::Install => {
+                    let Some(installer_ref) = installer_ref else {
+                        continue;
+                    };
+                    self.record_start(state, &step, Rerun::Idempotent)?;
+                    if let Some(w) = state.claim.as_mut() {
+                        w.installed = true;
+                    }
+                    self.save(state)?;
+                    notify::status(&format!(
+                        "Installing Kubernetes components for ByoMachine {}/{machine}",
+                        self.settings.namespace
+                    ));
                     self.report(
                         host,
-                        phase::BOOTSTRAPPING,
-                        state,
-                        &[(
-                            types::K8S_COMPONENTS_INSTALLED,
-                            true,
-                            reasons::AS_EXPECTED,
-                            "installed as the K8sInstallerConfig asks",
-                        )],
-                    )
-                    .await?;
-                }
-                Err(e) => {
-                    self.record_finish(state, step, Err(e.to_string()))?;
-                    let message = e.to_string();
-                    self.report(
-                        host,
-                        phase::FAILED,
+                        phase::INSTALLING,
                         state,
                         &[(
                             types::K8S_COMPONENTS_INSTALLED,
                             false,
-                            reasons::INSTALLATION_FAILED,
-                            &message,
+                            reasons::WAITING_FOR_BOOTSTRAP,
+                            "installing",
                         )],
                     )
                     .await?;
-                    return self
-                        .fail(host, state, reasons::INSTALLATION_FAILED, message)
-                        .await;
+                    let configs: Api<byoh_api::K8sInstallerConfig> =
+                        Api::namespaced(self.client.clone(), &self.settings.namespace);
+                    let config = configs.get(&installer_ref.name).await.map_err(|source| {
+                        WorkError::Api {
+                            action: format!("reading K8sInstallerConfig {}", installer_ref.name),
+                            source,
+                        }
+                    })?;
+                    let version = claim.kubernetes_version.clone().or_else(|| {
+                        config
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.kubernetes_version.clone())
+                    });
+                    let Some(kubernetes_version) = version else {
+                        let message = format!(
+                            "neither the claim nor K8sInstallerConfig {} names a Kubernetes version",
+                            installer_ref.name
+                        );
+                        self.record_finish(state, &step, Err(message.clone()))?;
+                        return self
+                            .fail(host, state, reasons::INSTALLATION_FAILED, message)
+                            .await;
+                    };
+                    let request = crate::installer::InstallRequest {
+                        kubernetes_version,
+                        spec: config.spec.clone(),
+                        download_dir: self.settings.download_dir.clone(),
+                        root: self.settings.root.clone(),
+                    };
+                    let manifest = self
+                        .settings
+                        .state_dir
+                        .join(crate::installer::MANIFEST_FILE);
+                    match crate::installer::install(
+                        &request,
+                        &self.settings.host_info,
+                        &self.units,
+                        &self.runner,
+                        &manifest,
+                    )
+                    .await
+                    {
+                        Ok(_) => {
+                            self.record_finish(state, &step, Ok(()))?;
+                            self.report(
+                                host,
+                                phase::BOOTSTRAPPING,
+                                state,
+                                &[(
+                                    types::K8S_COMPONENTS_INSTALLED,
+                                    true,
+                                    reasons::AS_EXPECTED,
+                                    "installed as the K8sInstallerConfig asks",
+                                )],
+                            )
+                            .await?;
+                        }
+                        Err(e) => {
+                            self.record_finish(state, &step, Err(e.to_string()))?;
+                            // A failed install is not retried: revert what it changed now, so
+                            // a half-installed host (e.g. an apt source whose key is wrong,
+                            // which breaks every `apt-get update`) does not wait for the
+                            // release. The release reverts whatever is left.
+                            let message = match crate::installer::uninstall(
+                                &manifest,
+                                &self.settings.root,
+                                &self.units,
+                                &self.runner,
+                            )
+                            .await
+                            {
+                                Ok(()) => {
+                                    format!("{e} (what the install had changed was reverted)")
+                                }
+                                Err(undo) => format!(
+                                    "{e}; reverting what the install had changed failed too ({undo}); releasing the host retries it"
+                                ),
+                            };
+                            self.report(
+                                host,
+                                phase::FAILED,
+                                state,
+                                &[(
+                                    types::K8S_COMPONENTS_INSTALLED,
+                                    false,
+                                    reasons::INSTALLATION_FAILED,
+                                    &message,
+                                )],
+                            )
+                            .await?;
+                            return self
+                                .fail(host, state, reasons::INSTALLATION_FAILED, message)
+                                .await;
+                        }
+                    }
+                }
+                // The kubelet learns its providerID before anything else runs.
+                BootstrapStep::ProviderId => {
+                    let kubelet = ["/usr/bin/kubelet", "/usr/local/bin/kubelet"]
+                        .into_iter()
+                        .find(|p| under(&self.settings.root, Path::new(p)).exists())
+                        .unwrap_or("/usr/bin/kubelet");
+                    let dropin = PathBuf::from(PROVIDER_ID_DROPIN);
+                    self.record_start(state, &step, Rerun::Idempotent)?;
+                    let written = self.write_recorded(
+                        state,
+                        &dropin,
+                        provider_id_dropin(kubelet, &claim.provider_id).as_bytes(),
+                        0o644,
+                    )?;
+                    if let Some(w) = state.claim.as_mut()
+                        && !w.written_files.iter().any(|f| f.path == dropin)
+                    {
+                        w.written_files.push(written);
+                    }
+                    self.units.daemon_reload().await?;
+                    self.record_finish(state, &step, Ok(()))?;
+                }
+                BootstrapStep::WriteFile(index) => {
+                    let Some(f) = plan.files.iter().find(|f| f.index == index) else {
+                        continue;
+                    };
+                    self.record_start(
+                        state,
+                        &step,
+                        if f.append {
+                            Rerun::Never
+                        } else {
+                            Rerun::Idempotent
+                        },
+                    )?;
+                    let record = self.backup(state, &f.path)?;
+                    if let Some(w) = state.claim.as_mut()
+                        && !w.written_files.iter().any(|x| x.path == f.path)
+                    {
+                        w.written_files.push(record);
+                    }
+                    self.save(state)?;
+                    match cloudinit::write_file(&self.settings.root, f) {
+                        Ok(()) => self.record_finish(state, &step, Ok(()))?,
+                        Err(e) => {
+                            self.record_finish(state, &step, Err(e.to_string()))?;
+                            return self
+                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string())
+                                .await;
+                        }
+                    }
+                }
+                BootstrapStep::RunCmd(index) => {
+                    let Some(c) = plan.commands.iter().find(|c| c.index == index) else {
+                        continue;
+                    };
+                    self.record_start(state, &step, Rerun::Never)?;
+                    notify::status(&format!(
+                        "Bootstrapping for ByoMachine {}/{machine}: {step}",
+                        self.settings.namespace
+                    ));
+                    match cloudinit::run_command(c, &self.runner, self.settings.command_timeout)
+                        .await
+                    {
+                        Ok(()) => self.record_finish(state, &step, Ok(()))?,
+                        Err(e) => {
+                            self.record_finish(state, &step, Err(e.to_string()))?;
+                            return self
+                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string())
+                                .await;
+                        }
+                    }
+                }
+                BootstrapStep::Sentinel => {
+                    if !under(&self.settings.root, Path::new(SENTINEL)).exists() {
+                        return self.fail(host, state, reasons::BOOTSTRAP_FAILED, format!("every step succeeded but the CAPI sentinel {SENTINEL} is missing: the bootstrap data did not report success")).await;
+                    }
                 }
             }
-        }
-
-        // The kubelet learns its providerID before anything else runs.
-        let step = "provider-id";
-        if !state.claim.as_ref().is_some_and(|w| w.done(step)) {
-            failpoint(step).await;
-            let kubelet = ["/usr/bin/kubelet", "/usr/local/bin/kubelet"]
-                .into_iter()
-                .find(|p| under(&self.settings.root, Path::new(p)).exists())
-                .unwrap_or("/usr/bin/kubelet");
-            let dropin = PathBuf::from(PROVIDER_ID_DROPIN);
-            self.record_start(state, step, Rerun::Idempotent)?;
-            let written = self.write_recorded(
-                state,
-                &dropin,
-                provider_id_dropin(kubelet, &claim.provider_id).as_bytes(),
-                0o644,
-            )?;
-            if let Some(w) = state.claim.as_mut()
-                && !w.written_files.iter().any(|f| f.path == dropin)
-            {
-                w.written_files.push(written);
-            }
-            self.units.daemon_reload().await?;
-            self.record_finish(state, step, Ok(()))?;
-        }
-
-        for f in &plan.files {
-            let step = format!("write_files[{}]", f.index);
-            if state.claim.as_ref().is_some_and(|w| w.done(&step)) {
-                continue;
-            }
-            failpoint(&step).await;
-            self.record_start(
-                state,
-                &step,
-                if f.append {
-                    Rerun::Never
-                } else {
-                    Rerun::Idempotent
-                },
-            )?;
-            let record = self.backup(state, &f.path)?;
-            if let Some(w) = state.claim.as_mut()
-                && !w.written_files.iter().any(|x| x.path == f.path)
-            {
-                w.written_files.push(record);
-            }
-            self.save(state)?;
-            match cloudinit::write_file(&self.settings.root, f) {
-                Ok(()) => self.record_finish(state, &step, Ok(()))?,
-                Err(e) => {
-                    self.record_finish(state, &step, Err(e.to_string()))?;
-                    return self
-                        .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string())
-                        .await;
-                }
-            }
-        }
-        for c in &plan.commands {
-            let step = format!("runcmd[{}]", c.index);
-            if state.claim.as_ref().is_some_and(|w| w.done(&step)) {
-                continue;
-            }
-            failpoint(&step).await;
-            self.record_start(state, &step, Rerun::Never)?;
-            notify::status(&format!(
-                "Bootstrapping for ByoMachine {}/{machine}: {step}",
-                self.settings.namespace
-            ));
-            match cloudinit::run_command(c, &self.runner, self.settings.command_timeout).await {
-                Ok(()) => self.record_finish(state, &step, Ok(()))?,
-                Err(e) => {
-                    self.record_finish(state, &step, Err(e.to_string()))?;
-                    return self
-                        .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string())
-                        .await;
-                }
-            }
-        }
-        failpoint("sentinel").await;
-        if !under(&self.settings.root, Path::new(SENTINEL)).exists() {
-            return self.fail(host, state, reasons::BOOTSTRAP_FAILED, format!("every step succeeded but the CAPI sentinel {SENTINEL} is missing: the bootstrap data did not report success")).await;
         }
         if let Some(w) = state.claim.as_mut() {
             w.outcome = Some(Outcome::Bootstrapped);
@@ -894,91 +994,108 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         )
         .await?;
 
-        self.cleanup_step(state, "kubeadm-reset", |me| async move {
-            let kubeadm = ["/usr/bin/kubeadm", "/usr/local/bin/kubeadm"]
-                .into_iter()
-                .find(|p| under(&me.settings.root, Path::new(p)).exists());
-            if let Some(k) = kubeadm {
-                let cmd = RawCommand::Argv(vec![k.into(), "reset".into(), "--force".into()]);
-                match me.runner.run(&cmd, me.settings.command_timeout).await {
-                    Ok(o) if o.exit.success() => {}
-                    Ok(o) => tracing::warn!(
-                        "kubeadm reset failed ({:?}): {}; continuing the clean-up",
-                        o.exit,
-                        cloudinit::stderr_tail(&o.stderr)
-                    ),
-                    Err(e) => tracing::warn!(
-                        "kubeadm reset could not start: {e}; continuing the clean-up"
-                    ),
-                }
-            }
-            Ok(())
-        })
-        .await?;
-        self.cleanup_step(state, "stop-kubelet", |me| async move {
-            let s = me.units.state("kubelet.service").await?;
-            if s.load_state != "not-found" {
-                me.units.stop("kubelet.service").await?;
-                me.units.disable(&["kubelet.service"]).await?;
-            }
-            Ok(())
-        })
-        .await?;
-        let work = state.claim.clone();
-        self.cleanup_step(state, "remove-files", |me| async move {
-            let root = &me.settings.root;
-            if let Some(w) = &work {
-                for f in w.written_files.iter().rev() {
-                    let p = under(root, &f.path);
-                    match &f.backup {
-                        Some(b) => {
-                            if b.exists() {
-                                let mode = std::fs::metadata(b).map_err(io(b))?.permissions();
-                                let content = std::fs::read(b).map_err(io(b))?;
-                                crate::fsutil::write_atomic(
-                                    &p,
-                                    &content,
-                                    std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
-                                )
-                                .map_err(io(&p))?;
+        for next in CLEANUP_STEPS {
+            match next {
+                CleanupStep::KubeadmReset => {
+                    self.cleanup_step(state, next, |me| async move {
+                        let kubeadm = ["/usr/bin/kubeadm", "/usr/local/bin/kubeadm"]
+                            .into_iter()
+                            .find(|p| under(&me.settings.root, Path::new(p)).exists());
+                        if let Some(k) = kubeadm {
+                            let cmd =
+                                RawCommand::Argv(vec![k.into(), "reset".into(), "--force".into()]);
+                            match me.runner.run(&cmd, me.settings.command_timeout).await {
+                                Ok(o) if o.exit.success() => {}
+                                Ok(o) => tracing::warn!(
+                                    "kubeadm reset failed ({:?}): {}; continuing the clean-up",
+                                    o.exit,
+                                    cloudinit::stderr_tail(&o.stderr)
+                                ),
+                                Err(e) => tracing::warn!(
+                                    "kubeadm reset could not start: {e}; continuing the clean-up"
+                                ),
                             }
                         }
-                        None => match std::fs::remove_file(&p) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                            Err(e) => return Err(io(&p)(e)),
-                        },
-                    }
-                    for d in f.created_dirs.iter().rev() {
-                        let _ = std::fs::remove_dir(under(root, d));
-                    }
+                        Ok(())
+                    })
+                    .await?;
                 }
-                for d in RUNTIME_DIRS {
-                    if !w.preexisting_dirs.iter().any(|p| p == Path::new(d)) {
-                        let p = under(root, Path::new(d));
-                        match std::fs::remove_dir_all(&p) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                            Err(e) => return Err(io(&p)(e)),
+                CleanupStep::StopKubelet => {
+                    self.cleanup_step(state, next, |me| async move {
+                        let s = me.units.state("kubelet.service").await?;
+                        if s.load_state != "not-found" {
+                            me.units.stop("kubelet.service").await?;
+                            me.units.disable(&["kubelet.service"]).await?;
                         }
-                    }
+                        Ok(())
+                    })
+                    .await?;
+                }
+                CleanupStep::RemoveFiles => {
+                    let work = state.claim.clone();
+                    self.cleanup_step(state, next, |me| async move {
+                        let root = &me.settings.root;
+                        if let Some(w) = &work {
+                            for f in w.written_files.iter().rev() {
+                                let p = under(root, &f.path);
+                                match &f.backup {
+                                    Some(b) => {
+                                        if b.exists() {
+                                            let mode =
+                                                std::fs::metadata(b).map_err(io(b))?.permissions();
+                                            let content = std::fs::read(b).map_err(io(b))?;
+                                            crate::fsutil::write_atomic(
+                                                &p,
+                                                &content,
+                                                std::os::unix::fs::PermissionsExt::mode(&mode)
+                                                    & 0o7777,
+                                            )
+                                            .map_err(io(&p))?;
+                                        }
+                                    }
+                                    None => match std::fs::remove_file(&p) {
+                                        Ok(()) => {}
+                                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                                        Err(e) => return Err(io(&p)(e)),
+                                    },
+                                }
+                                for d in f.created_dirs.iter().rev() {
+                                    let _ = std::fs::remove_dir(under(root, d));
+                                }
+                            }
+                            for d in RUNTIME_DIRS {
+                                if !w.preexisting_dirs.iter().any(|p| p == Path::new(d)) {
+                                    let p = under(root, Path::new(d));
+                                    match std::fs::remove_dir_all(&p) {
+                                        Ok(()) => {}
+                                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                                        Err(e) => return Err(io(&p)(e)),
+                                    }
+                                }
+                            }
+                        }
+                        let backups = me.settings.state_dir.join("backups");
+                        let _ = std::fs::remove_dir_all(&backups);
+                        me.units.daemon_reload().await?;
+                        Ok(())
+                    })
+                    .await?;
+                }
+                CleanupStep::Uninstall => {
+                    self.cleanup_step(state, next, |me| async move {
+                        let manifest = me.settings.state_dir.join(crate::installer::MANIFEST_FILE);
+                        Ok(crate::installer::uninstall(
+                            &manifest,
+                            &me.settings.root,
+                            &me.units,
+                            &me.runner,
+                        )
+                        .await?)
+                    })
+                    .await?;
                 }
             }
-            let backups = me.settings.state_dir.join("backups");
-            let _ = std::fs::remove_dir_all(&backups);
-            me.units.daemon_reload().await?;
-            Ok(())
-        })
-        .await?;
-
-        self.cleanup_step(state, "uninstall", |me| async move {
-            let manifest = me.settings.state_dir.join(crate::installer::MANIFEST_FILE);
-            Ok(
-                crate::installer::uninstall(&manifest, &me.settings.root, &me.units, &me.runner)
-                    .await?,
-            )
-        })
-        .await?;
+        }
 
         state.cleaned_machine_uid = Some(machine_uid.into());
         state.claim = None;
@@ -1031,24 +1148,28 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
     async fn cleanup_step<'a, F, Fut>(
         &'a self,
         state: &mut HostState,
-        step: &str,
+        step: CleanupStep,
         f: F,
     ) -> Result<(), WorkError>
     where
         F: FnOnce(&'a Self) -> Fut,
         Fut: std::future::Future<Output = Result<(), WorkError>>,
     {
-        if state.cleanup.as_ref().is_some_and(|c| c.done(step)) {
+        let step = step.to_string();
+        if state.cleanup.as_ref().is_some_and(|c| c.done(&step)) {
             return Ok(());
         }
-        failpoint(step).await;
+        failpoint(&step).await;
         if let Some(c) = state.cleanup.as_mut() {
-            c.start(step, Rerun::Idempotent);
+            c.start(&step, Rerun::Idempotent);
         }
         self.save(state)?;
         let result = f(self).await;
         if let Some(c) = state.cleanup.as_mut() {
-            c.finish(step, result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+            c.finish(
+                &step,
+                result.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+            );
         }
         self.save(state)?;
         result

@@ -179,3 +179,49 @@ fn provider_id_dropin_replaces_exec_start_with_the_flag() {
     assert!(d.trim_end().ends_with("--provider-id=byoh://w1/abc123"));
     assert!(d.contains("$KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS"));
 }
+
+#[test]
+fn bootstrap_steps_name_every_step_in_order() {
+    let doc = cloudinit::parse(
+        "#cloud-config\nwrite_files:\n- path: /etc/a\n  content: a\n  defer: true\n- path: /etc/b\n  content: b\nruncmd:\n- echo one\n- [\"true\"]\n",
+        &InstanceData {
+            local_hostname: "h".into(),
+            instance_id: "h".into(),
+        },
+    )
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let plan = cloudinit::validate(
+        &doc,
+        &ValidateOptions {
+            root: root.path(),
+            host_name: "h",
+            ignore_modules: &[],
+        },
+    )
+    .unwrap();
+    let names = |install| {
+        bootstrap_steps(install, &plan)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    // Deferred files are written after the others.
+    assert_eq!(
+        names(true),
+        [
+            "install",
+            "provider-id",
+            "write_files[1]",
+            "write_files[0]",
+            "runcmd[0]",
+            "runcmd[1]",
+            "sentinel"
+        ]
+    );
+    assert_eq!(names(false)[0], "provider-id");
+    assert_eq!(
+        CLEANUP_STEPS.map(|s| s.to_string()),
+        ["kubeadm-reset", "stop-kubelet", "remove-files", "uninstall"]
+    );
+}

@@ -128,7 +128,7 @@ impl PackageSteps {
                         .run(
                             &argv(&["apt-get", "update", "-q"]),
                             PACKAGE_COMMAND_TIMEOUT,
-                            "check the repository URL and this host's network",
+                            "check the repository URL (packages.aptRepository), that packages.keyURL is the key the repository is signed with, and this host's network",
                         )
                         .await?;
                     ctx.done(i)?;
