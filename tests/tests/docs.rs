@@ -1,0 +1,316 @@
+//! The commands of `docs/getting_started.md`, run as written against the test bed: the fenced
+//! blocks whose info string is
+//!
+//! - `sh test`: run with bash on this machine (the operator's workstation) in a work folder that
+//!   holds a release (`packaging/release --no-build`: packages, manifests, clusterctl
+//!   repository), with `kubectl` and `clusterctl` (v1.14.2, `tests/clusterctl/build`) on PATH
+//!   and `KUBECONFIG` the test control plane's admin kubeconfig. Variables a block `export`s
+//!   are seen by the later blocks, as in one terminal;
+//! - `sh test-host`: run with bash as root in `/root` of a booted Debian 12 host;
+//! - `sh stand-in`: not run; the test does the equivalent: for `clusterctl init` (needs the
+//!   internet for the core providers, and Pods) it applies the provider components that the
+//!   page generated and runs `byoh-controller` as a process; for `scp FILES... HOST:` it copies
+//!   the files from the work folder to the host's `/root`.
+//!
+//! So the page is proven from an empty namespace to a registered host and a cluster manifest
+//! that the API server accepts (dry run). `make test` builds `dist/` before this test.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use byoh_tests::agent::repo_root;
+use byoh_tests::control_plane;
+use byoh_tests::hosts::{self, Host};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A fenced code block: its info string, text and the line of its opening fence (1-based).
+#[derive(Debug)]
+struct Block {
+    info: String,
+    text: String,
+    line: usize,
+}
+
+/// The fenced (```) blocks of a Markdown document, in order.
+fn fenced_blocks(md: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut open: Option<Block> = None;
+    for (i, line) in md.lines().enumerate() {
+        let trimmed = line.trim_start();
+        match open.as_mut() {
+            None => {
+                if let Some(info) = trimmed.strip_prefix("```") {
+                    open = Some(Block {
+                        info: info.trim().to_string(),
+                        text: String::new(),
+                        line: i + 1,
+                    });
+                }
+            }
+            Some(block) => {
+                if trimmed.starts_with("```") {
+                    out.push(open.take().unwrap());
+                } else {
+                    block.text.push_str(line);
+                    block.text.push('\n');
+                }
+            }
+        }
+    }
+    assert!(open.is_none(), "unclosed code block");
+    out
+}
+
+#[test]
+fn fenced_blocks_are_found_with_their_info_strings() {
+    let md = "text\n```sh test\na\nb\n```\n\n```yaml\nk: v\n```\n";
+    let blocks = fenced_blocks(md);
+    assert_eq!(blocks.len(), 2);
+    assert_eq!(
+        (blocks[0].info.as_str(), blocks[0].text.as_str()),
+        ("sh test", "a\nb\n")
+    );
+    assert_eq!((blocks[1].info.as_str(), blocks[1].line), ("yaml", 7));
+}
+
+fn first_line(cmd: &mut Command) -> PathBuf {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+}
+
+fn check(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `byoh-controller` process standing in for the Deployment `clusterctl init` creates;
+/// killed when dropped.
+struct Controller(std::process::Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Workstation {
+    dir: PathBuf,
+    path: String,
+    kubeconfig: PathBuf,
+}
+
+impl Workstation {
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(&self.dir)
+            .env("PATH", &self.path)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", self.dir.join("home"))
+            .env("XDG_CONFIG_HOME", self.dir.join("home/.config"))
+            .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true");
+        cmd
+    }
+
+    /// Runs a block in bash; exported variables carry over to the next block.
+    fn run(&self, block: &Block) -> String {
+        let script = format!(
+            "set -euo pipefail\nset -a\n[[ -f .doc-env ]] && source ./.doc-env\nset +a\n{}\nexport -p > .doc-env\n",
+            block.text
+        );
+        let out = self
+            .command("bash")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "getting_started.md:{} failed ({}):\n{}\nstdout:\n{stdout}\nstderr:\n{}",
+            block.line,
+            out.status,
+            block.text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn getting_started_works_as_written() {
+    let deb = repo_root()
+        .join("dist")
+        .join(format!("byoh-agent_{VERSION}-1_amd64.deb"));
+    if !deb.exists() {
+        let reason = format!("{} is missing; run `make packages image`", deb.display());
+        if byoh_tests::test_bed_required() {
+            panic!("{reason}; `make test` builds it first");
+        }
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
+        return;
+    }
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let root = repo_root();
+    let md = std::fs::read_to_string(root.join("docs/getting_started.md")).unwrap();
+    let blocks = fenced_blocks(&md);
+    let runnable = |b: &&Block| b.info.starts_with("sh test") || b.info == "sh stand-in";
+    assert!(
+        blocks.iter().filter(runnable).count() >= 10,
+        "the page lost its tested commands"
+    );
+
+    // The operator's workstation: a release, kubectl, clusterctl.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("work");
+    std::fs::create_dir_all(dir.join("home")).unwrap();
+    check(
+        Command::new(root.join("packaging/release"))
+            .args([VERSION, "--no-build", "--out"])
+            .arg(&dir),
+    );
+    let kube_bin = first_line(&mut Command::new(root.join("tests/control-plane/build")));
+    let clusterctl = first_line(&mut Command::new(root.join("tests/clusterctl/build")));
+    let ws = Workstation {
+        path: format!(
+            "{}:{}:{}",
+            kube_bin.display(),
+            clusterctl.parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+        kubeconfig: control_plane::kubeconfig_path().unwrap(),
+        dir: dir.clone(),
+    };
+    check(Command::new("cargo").args(["build", "--quiet", "-p", "byoh-controller"]));
+    let controller_bin = root.join("target/debug/byoh-controller");
+
+    let host = Host::boot("docs").await.unwrap();
+    let mut controller: Option<Controller> = None;
+    let mut ran = 0;
+    for block in blocks.iter().filter(runnable) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "--- getting_started.md:{} ({})\n{}",
+            block.line,
+            block.info,
+            block.text
+        );
+        match block.info.as_str() {
+            "sh test" => {
+                let out = ws.run(block);
+                let _ = writeln!(std::io::stderr(), "{out}");
+            }
+            "sh test-host" => {
+                let script = format!("set -euo pipefail\ncd /root\n{}", block.text);
+                let out = host.exec(&["bash", "-c", &script]).await.unwrap();
+                assert!(
+                    out.success(),
+                    "getting_started.md:{} failed in the host ({}):\n{}\nstdout:\n{}\nstderr:\n{}",
+                    block.line,
+                    out.status,
+                    block.text,
+                    out.stdout,
+                    out.stderr
+                );
+            }
+            "sh stand-in" if block.text.contains("clusterctl init") => {
+                // What `clusterctl init --infrastructure byoh` installs for BYOH, from the file
+                // the page generated; the controller as a process (no Pods here).
+                check(ws.command("kubectl").args([
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-f",
+                    "byoh-components.yaml",
+                ]));
+                let child = ws
+                    .command(controller_bin.to_str().unwrap())
+                    .args(["run", "--leader-elect=false", "--metrics-address", ""])
+                    .env("RUST_LOG", "info")
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                controller = Some(Controller(child));
+            }
+            "sh stand-in" if block.text.trim_start().starts_with("scp ") => {
+                let words: Vec<&str> = block.text.split_whitespace().collect();
+                for file in &words[1..words.len() - 1] {
+                    host.copy_in(&dir.join(file), &format!("/root/{file}"), 0o600)
+                        .await
+                        .unwrap();
+                }
+            }
+            other => panic!(
+                "getting_started.md:{}: no stand-in for this `{other}` block:\n{}",
+                block.line, block.text
+            ),
+        }
+        ran += 1;
+    }
+    assert!(controller.is_some(), "the page never installs the provider");
+
+    // What the page promises: the host is in the pool with its label, and the cluster
+    // manifests were generated with the endpoint.
+    let byohosts = ws
+        .command("kubectl")
+        .args([
+            "-n",
+            "byoh-pool",
+            "get",
+            "byohosts",
+            "-l",
+            "site=lab",
+            "-o",
+            "name",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&byohosts.stdout).trim(),
+        format!("byohost.infrastructure.cluster.x-k8s.io/{}", host.name())
+    );
+    for file in ["demo.yaml", "demo2.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert!(text.contains("10.0.10.250"), "{file}");
+        assert!(!text.contains("${"), "{file} has an unsubstituted variable");
+    }
+    assert!(
+        std::fs::read_to_string(dir.join("demo2.yaml"))
+            .unwrap()
+            .contains("kind: ClusterClass")
+    );
+    let _ = writeln!(std::io::stderr(), "ran {ran} blocks of getting_started.md");
+
+    // Clean-up: the agent stops before its namespace goes.
+    host.stop().await.unwrap();
+    drop(controller);
+    let _ = ws
+        .command("kubectl")
+        .args(["delete", "namespace", "byoh-pool", "--wait=false"])
+        .output();
+    drop(client);
+}
