@@ -240,8 +240,15 @@ fn repair_note(preinstalled: bool) -> &'static str {
     }
 }
 
-fn human_duration(secs: u64) -> String {
-    humantime::format_duration(Duration::from_secs(secs)).to_string()
+/// `29d 23h`, `5h 12m`, `3m 20s`: the two largest units.
+pub fn human_duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
 }
 
 fn rfc3339(t: SystemTime) -> String {
