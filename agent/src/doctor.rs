@@ -1111,6 +1111,12 @@ pub fn cli(json: bool, config: &Path) -> u8 {
             return crate::EXIT_FAILURE;
         }
     };
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "byoh-agent: note: not running as root: the state directory ({}) and other users' processes are not readable, so the certificate and ports checks may be wrong; run as root (sudo byoh-agent doctor)",
+            settings.state_dir.display()
+        );
+    }
     let checks = runtime.block_on(run_checks(&settings, Path::new("/"), None, None));
     let result = worst(&checks);
     if json {

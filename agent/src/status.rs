@@ -516,6 +516,15 @@ pub fn cli(json: bool, config: &Path) -> u8 {
             return crate::EXIT_CONFIG;
         }
     };
+    if let Err(e) = std::fs::read_dir(&settings.state_dir)
+        && e.kind() == std::io::ErrorKind::PermissionDenied
+    {
+        eprintln!(
+            "byoh-agent: cannot read {}: {e}; the state directory is root's (mode 0700): run as root (sudo byoh-agent status)",
+            settings.state_dir.display()
+        );
+        return crate::EXIT_FAILURE;
+    }
     if !ever_ran(&settings.state_dir) {
         let msg = format!(
             "byoh-agent has not run on this host yet: {} holds none of its files ({RUNTIME_FILE}, {}, {}). Start it with: systemctl enable --now byoh-agent; check the host first with: byoh-agent doctor",
