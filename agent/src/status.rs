@@ -183,6 +183,15 @@ pub struct LeaseView {
     pub error: Option<String>,
 }
 
+/// One unit's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnitView {
+    /// Unit name, e.g. `kubelet.service`.
+    pub unit: String,
+    /// `ActiveState (SubState)`, `not-found (no unit file)`, or `unknown: <why>`.
+    pub state: String,
+}
+
 /// The host certificate.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -213,8 +222,8 @@ pub struct StatusReport {
     pub failure: Option<String>,
     /// The last step.
     pub last_step: Option<LastStep>,
-    /// Unit name → `ActiveState (SubState)`, or why unknown.
-    pub units: Vec<(String, String)>,
+    /// The units' states.
+    pub units: Vec<UnitView>,
     /// The Lease.
     pub lease: Option<LeaseView>,
     /// The client certificate.
@@ -283,7 +292,7 @@ fn age_secs(rfc3339: &str, now: SystemTime) -> Option<u64> {
 pub fn report(
     runtime: Option<&RuntimeStatus>,
     state: &HostState,
-    units: Vec<(String, String)>,
+    units: Vec<UnitView>,
     certificate: &Check,
     now: SystemTime,
 ) -> StatusReport {
@@ -394,8 +403,8 @@ pub fn render_table(r: &StatusReport) -> String {
     if let Some(f) = &r.failure {
         row("FAILURE", f.clone());
     }
-    for (unit, state) in &r.units {
-        row(&format!("UNIT {unit}"), state.clone());
+    for u in &r.units {
+        row(&format!("UNIT {}", u.unit), u.state.clone());
     }
     row(
         "LEASE",
@@ -446,7 +455,7 @@ pub fn render_table(r: &StatusReport) -> String {
 }
 
 /// The states of [`UNITS`] from systemd, or why they are unknown.
-pub async fn unit_states() -> Vec<(String, String)> {
+pub async fn unit_states() -> Vec<UnitView> {
     use crate::systemd::UnitManager;
     match crate::systemd::dbus::SystemdManager::connect().await {
         Ok(m) => {
@@ -456,13 +465,19 @@ pub async fn unit_states() -> Vec<(String, String)> {
                     Ok(s) => describe(&s),
                     Err(e) => format!("unknown: {e}"),
                 };
-                v.push(((*u).to_string(), s));
+                v.push(UnitView {
+                    unit: (*u).to_string(),
+                    state: s,
+                });
             }
             v
         }
         Err(e) => UNITS
             .iter()
-            .map(|u| ((*u).to_string(), format!("unknown: {e}")))
+            .map(|u| UnitView {
+                unit: (*u).to_string(),
+                state: format!("unknown: {e}"),
+            })
             .collect(),
     }
 }
@@ -676,7 +691,10 @@ mod tests {
         let r = report(
             Some(&runtime),
             &state,
-            vec![("kubelet.service".into(), "active (running)".into())],
+            vec![UnitView {
+                unit: "kubelet.service".into(),
+                state: "active (running)".into(),
+            }],
             &cert,
             now,
         );
@@ -702,6 +720,7 @@ mod tests {
         assert_eq!(json["lease"]["ageSecs"], 10);
         assert_eq!(json["claim"]["cluster"], "prod");
         assert_eq!(json["lastStep"]["result"], "failed");
+        assert_eq!(json["units"][0]["unit"], "kubelet.service");
     }
 
     #[test]
