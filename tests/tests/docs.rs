@@ -1,5 +1,5 @@
-//! The commands of `docs/getting_started.md`, run as written against the test bed: the fenced
-//! blocks whose info string is
+//! The commands of `docs/getting_started.md` (then of the other [`PAGES`]), run as written
+//! against the test bed: the fenced blocks whose info string is
 //!
 //! - `sh test`: run with bash on this machine (the operator's workstation) in a work folder that
 //!   holds a release (`packaging/release --no-build`: packages, manifests, clusterctl
@@ -26,16 +26,27 @@ use std::process::Command;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// A fenced code block: its info string, text and the line of its opening fence (1-based).
+/// The pages whose `sh test*` blocks run, in this order (later pages use the state the
+/// getting-started page leaves: a registered host, a release in the work folder).
+const PAGES: [&str; 4] = [
+    "docs/getting_started.md",
+    "README.md",
+    "docs/release.md",
+    "docs/security.md",
+];
+
+/// A fenced code block: its page, info string, text and the line of its opening fence
+/// (1-based).
 #[derive(Debug)]
 struct Block {
+    page: String,
     info: String,
     text: String,
     line: usize,
 }
 
 /// The fenced (```) blocks of a Markdown document, in order.
-fn fenced_blocks(md: &str) -> Vec<Block> {
+fn fenced_blocks(page: &str, md: &str) -> Vec<Block> {
     let mut out = Vec::new();
     let mut open: Option<Block> = None;
     for (i, line) in md.lines().enumerate() {
@@ -44,6 +55,7 @@ fn fenced_blocks(md: &str) -> Vec<Block> {
             None => {
                 if let Some(info) = trimmed.strip_prefix("```") {
                     open = Some(Block {
+                        page: page.to_string(),
                         info: info.trim().to_string(),
                         text: String::new(),
                         line: i + 1,
@@ -67,7 +79,7 @@ fn fenced_blocks(md: &str) -> Vec<Block> {
 #[test]
 fn fenced_blocks_are_found_with_their_info_strings() {
     let md = "text\n```sh test\na\nb\n```\n\n```yaml\nk: v\n```\n";
-    let blocks = fenced_blocks(md);
+    let blocks = fenced_blocks("t.md", md);
     assert_eq!(blocks.len(), 2);
     assert_eq!(
         (blocks[0].info.as_str(), blocks[0].text.as_str()),
@@ -146,7 +158,8 @@ impl Workstation {
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
-            "getting_started.md:{} failed ({}):\n{}\nstdout:\n{stdout}\nstderr:\n{}",
+            "{}:{} failed ({}):\n{}\nstdout:\n{stdout}\nstderr:\n{}",
+            block.page,
             block.line,
             out.status,
             block.text,
@@ -176,13 +189,47 @@ async fn getting_started_works_as_written() {
         return;
     }
     let root = repo_root();
-    let md = std::fs::read_to_string(root.join("docs/getting_started.md")).unwrap();
-    let blocks = fenced_blocks(&md);
     let runnable = |b: &&Block| b.info.starts_with("sh test") || b.info == "sh stand-in";
+    let blocks: Vec<Block> = PAGES
+        .iter()
+        .flat_map(|page| fenced_blocks(page, &std::fs::read_to_string(root.join(page)).unwrap()))
+        .collect();
     assert!(
-        blocks.iter().filter(runnable).count() >= 10,
-        "the page lost its tested commands"
+        blocks
+            .iter()
+            .filter(runnable)
+            .filter(|b| b.page.ends_with("getting_started.md"))
+            .count()
+            >= 10,
+        "getting_started.md lost its tested commands"
     );
+    // A block marked for testing on any other page would be silently ignored: refuse that.
+    let listed = Command::new("git")
+        .args([
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "*.md",
+        ])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    for page in String::from_utf8(listed.stdout).unwrap().lines() {
+        if PAGES.contains(&page) || !root.join(page).is_file() {
+            continue;
+        }
+        let md = std::fs::read_to_string(root.join(page)).unwrap();
+        let marked: Vec<usize> = fenced_blocks(page, &md)
+            .iter()
+            .filter(runnable)
+            .map(|b| b.line)
+            .collect();
+        assert!(
+            marked.is_empty(),
+            "{page} has blocks marked for testing at lines {marked:?}: add it to PAGES"
+        );
+    }
 
     // The operator's workstation: a release, kubectl, clusterctl.
     let tmp = tempfile::tempdir().unwrap();
@@ -214,7 +261,8 @@ async fn getting_started_works_as_written() {
     for block in blocks.iter().filter(runnable) {
         let _ = writeln!(
             std::io::stderr(),
-            "--- getting_started.md:{} ({})\n{}",
+            "--- {}:{} ({})\n{}",
+            block.page,
             block.line,
             block.info,
             block.text
@@ -229,7 +277,8 @@ async fn getting_started_works_as_written() {
                 let out = host.exec(&["bash", "-c", &script]).await.unwrap();
                 assert!(
                     out.success(),
-                    "getting_started.md:{} failed in the host ({}):\n{}\nstdout:\n{}\nstderr:\n{}",
+                    "{}:{} failed in the host ({}):\n{}\nstdout:\n{}\nstderr:\n{}",
+                    block.page,
                     block.line,
                     out.status,
                     block.text,
@@ -265,8 +314,8 @@ async fn getting_started_works_as_written() {
                 }
             }
             other => panic!(
-                "getting_started.md:{}: no stand-in for this `{other}` block:\n{}",
-                block.line, block.text
+                "{}:{}: no stand-in for this `{other}` block:\n{}",
+                block.page, block.line, block.text
             ),
         }
         ran += 1;
@@ -303,7 +352,7 @@ async fn getting_started_works_as_written() {
             .unwrap()
             .contains("kind: ClusterClass")
     );
-    let _ = writeln!(std::io::stderr(), "ran {ran} blocks of getting_started.md");
+    let _ = writeln!(std::io::stderr(), "ran {ran} blocks of {PAGES:?}");
 
     // Clean-up: the agent stops before its namespace goes.
     host.stop().await.unwrap();
