@@ -497,7 +497,8 @@ pub async fn create_bootstrap_secret(
 }
 
 /// The host's state that a claim and its release must leave unchanged: every file under `/`
-/// (same filesystem) with type, mode, owner and size — except volatile and agent-owned places
+/// (same filesystem) with type, mode, owner and size (not for directories: the overlay a test
+/// host runs on reports another size for a directory once it is copied up) — except volatile and agent-owned places
 /// (`/proc`, `/sys`, `/dev`, `/run`, `/tmp`, `/var/log`, `/var/cache`, `/var/tmp`,
 /// `/var/lib/byoh`, `/var/lib/systemd`, `/var/lib/apt`, `/var/lib/dpkg`, `/byoh`) — and the
 /// unit files with their enablement (`systemctl list-unit-files`).
@@ -508,7 +509,7 @@ pub async fn snapshot(host: &Host) -> anyhow::Result<String> {
         .run(&[
             "sh",
             "-c",
-            "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/log -o -path /var/cache -o -path /var/tmp -o -path /var/lib/byoh -o -path /var/lib/systemd -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /byoh -o -path /var/lib/containerd \\) -prune -o -printf '%y %m %u:%g %s %p\\n' | sort",
+            "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/log -o -path /var/cache -o -path /var/tmp -o -path /var/lib/byoh -o -path /var/lib/systemd -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /byoh -o -path /var/lib/containerd \\) -prune -o -type d -printf '%y %m %u:%g %p\\n' -o -printf '%y %m %u:%g %s %p\\n' | sort",
         ])
         .await?;
     let units = host

@@ -123,6 +123,11 @@ pub enum Change {
         /// Packages that the install added (names for apt, name-version-release for dnf).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         added: Option<Vec<String>>,
+        /// Directories the packages ship that existed before the install (apt): purging a
+        /// package removes an empty directory no other package lists (e.g. `/opt`, from
+        /// kubernetes-cni's `/opt/cni/bin`), so uninstall puts back those that were there.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        kept_dirs: Vec<KeptDir>,
     },
     /// Packages held with `apt-mark hold`. Reverted with `apt-mark unhold`.
     PackagesHeld {
@@ -238,13 +243,28 @@ impl Change {
             } => {
                 let list = added.as_ref().unwrap_or(requested).join(" ");
                 match manager {
-                    PackageManager::Apt => format!("apt-get purge {list}"),
+                    PackageManager::Apt => {
+                        format!("apt-get purge {list}; put back the directories that were there")
+                    }
                     PackageManager::Dnf => format!("dnf remove {list}"),
                 }
             }
             Change::PackagesHeld { packages } => format!("apt-mark unhold {}", packages.join(" ")),
         }
     }
+}
+
+/// A directory that existed before an install, as it was.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptDir {
+    /// Host path.
+    pub path: PathBuf,
+    /// Permission bits (`0o7777` of `st_mode`).
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Group gid.
+    pub gid: u32,
 }
 
 /// One recorded change.

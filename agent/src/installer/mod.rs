@@ -22,7 +22,7 @@ mod packages;
 #[cfg(test)]
 mod tests;
 
-pub use manifest::{Change, Entry, InstallManifest, MANIFEST_FILE, PackageManager};
+pub use manifest::{Change, Entry, InstallManifest, KeptDir, MANIFEST_FILE, PackageManager};
 
 use crate::cloudinit::{CommandRunner, Exit, RawCommand, stderr_tail};
 use crate::systemd::{SystemdError, UnitManager};
@@ -1953,7 +1953,7 @@ pub async fn uninstall(
             }
             Change::AptUpdated => apt_update_at_end = true,
             Change::PackagesInstalled { .. } | Change::PackagesHeld { .. } => {
-                packages::revert(change, &cmds).await?;
+                packages::revert(change, root, &cmds).await?;
             }
         }
     }

@@ -86,7 +86,7 @@ impl PackageSteps {
                 format!("create {APT_SOURCE} (URIs: {repo}, Suites: /)"),
                 "apt-get update".into(),
                 format!(
-                    "apt-get install {} (refused if another version is installed); record every package added",
+                    "apt-get install {} (refused if another version is installed; downloaded first to note the directories they ship that exist, which uninstall keeps); record every package added",
                     self.requested().join(" ")
                 ),
                 format!("apt-mark hold {}", PACKAGES.join(" ")),
@@ -243,28 +243,43 @@ impl PackageSteps {
                 if requested.is_empty() {
                     return Ok(Vec::new());
                 }
+                let kept_dirs = match self.manager {
+                    PackageManager::Apt => self.shipped_dirs_present(ctx, &requested).await?,
+                    PackageManager::Dnf => Vec::new(),
+                };
                 let i = ctx.record(Change::PackagesInstalled {
                     manager: self.manager,
                     requested: requested.clone(),
                     before: before.clone(),
                     added: None,
+                    kept_dirs,
                 })?;
                 (i, requested, before)
             }
         };
+        let archives = archives_dir(ctx.download_dir);
         let mut cmd = match self.manager {
-            PackageManager::Apt => argv(&[
-                "env",
-                "DEBIAN_FRONTEND=noninteractive",
-                "apt-get",
-                "install",
-                "-y",
-                "-q",
-                "-o",
-                "Dpkg::Options::=--force-confdef",
-                "-o",
-                "Dpkg::Options::=--force-confold",
-            ]),
+            PackageManager::Apt => {
+                // The archives downloaded for the survey of directories are used, not fetched
+                // again.
+                std::fs::create_dir_all(archives.join("partial"))
+                    .map_err(InstallError::io("creating", &archives))?;
+                let mut c = argv(&[
+                    "env",
+                    "DEBIAN_FRONTEND=noninteractive",
+                    "apt-get",
+                    "install",
+                    "-y",
+                    "-q",
+                    "-o",
+                    "Dpkg::Options::=--force-confdef",
+                    "-o",
+                    "Dpkg::Options::=--force-confold",
+                    "-o",
+                ]);
+                c.push(format!("Dir::Cache::archives={}", archives.display()));
+                c
+            }
             PackageManager::Dnf => vec![
                 "dnf".into(),
                 "install".into(),
@@ -280,12 +295,17 @@ impl PackageSteps {
                 "check that the repository has these versions (packages.versionPin)",
             )
             .await?;
+        let _ = std::fs::remove_dir_all(&archives);
         let after = snapshot(&ctx.commands(), self.manager).await?;
         let added: Vec<String> = after
             .iter()
             .filter(|l| !before.contains(l))
             .map(|l| removal_name(l, self.manager))
             .collect();
+        let kept_dirs = match &ctx.manifest.changes.get(idx).map(|e| &e.change) {
+            Some(Change::PackagesInstalled { kept_dirs, .. }) => kept_dirs.clone(),
+            _ => Vec::new(),
+        };
         ctx.update(
             idx,
             Change::PackagesInstalled {
@@ -293,9 +313,99 @@ impl PackageSteps {
                 requested: requested.clone(),
                 before: Vec::new(),
                 added: Some(added),
+                kept_dirs,
             },
         )?;
         Ok(requested.iter().map(|r| name_of(r, self.manager)).collect())
+    }
+}
+
+/// Where apt downloads the archives of an install (`-o Dir::Cache::archives=`).
+fn archives_dir(download_dir: &Path) -> PathBuf {
+    download_dir.join("apt-archives")
+}
+
+/// The directory entries of `dpkg-deb --contents` output (`drwxr-xr-x root/root 0 DATE TIME
+/// ./opt/cni/`), as host paths (`/opt/cni`), `/` left out.
+fn deb_dirs(contents: &str) -> Vec<PathBuf> {
+    contents
+        .lines()
+        .filter(|l| l.starts_with('d'))
+        .filter_map(|l| l.split_whitespace().last())
+        .map(|p| p.trim_start_matches('.').trim_end_matches('/'))
+        .filter(|p| p.starts_with('/'))
+        .map(PathBuf::from)
+        .collect()
+}
+
+impl PackageSteps {
+    /// Downloads the archives of `requested` (dependencies included) without installing them,
+    /// and returns the directories they ship that are already on the host, as they are.
+    async fn shipped_dirs_present<U: UnitManager, R: CommandRunner>(
+        &self,
+        ctx: &mut Ctx<'_, U, R>,
+        requested: &[String],
+    ) -> Result<Vec<super::KeptDir>, InstallError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let archives = archives_dir(ctx.download_dir);
+        let _ = std::fs::remove_dir_all(&archives);
+        std::fs::create_dir_all(archives.join("partial"))
+            .map_err(InstallError::io("creating", &archives))?;
+        let mut cmd = argv(&[
+            "env",
+            "DEBIAN_FRONTEND=noninteractive",
+            "apt-get",
+            "install",
+            "--download-only",
+            "-y",
+            "-q",
+            "-o",
+        ]);
+        cmd.push(format!("Dir::Cache::archives={}", archives.display()));
+        cmd.extend(requested.iter().cloned());
+        ctx.commands()
+            .run(
+                &cmd,
+                PACKAGE_COMMAND_TIMEOUT,
+                "check that the repository has these versions (packages.versionPin)",
+            )
+            .await?;
+        let mut debs: Vec<PathBuf> = std::fs::read_dir(&archives)
+            .map_err(InstallError::io("reading", &archives))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+            .collect();
+        debs.sort();
+        let mut dirs = std::collections::BTreeSet::new();
+        for deb in &debs {
+            let contents = ctx
+                .commands()
+                .output(
+                    &[
+                        "dpkg-deb".to_string(),
+                        "--contents".to_string(),
+                        deb.display().to_string(),
+                    ],
+                    SHORT_COMMAND_TIMEOUT,
+                    "check the downloaded package",
+                )
+                .await?;
+            dirs.extend(deb_dirs(&contents));
+        }
+        // Sorted, so parents come before their children when they are put back.
+        Ok(dirs
+            .into_iter()
+            .filter_map(|d| {
+                let m = std::fs::symlink_metadata(super::under(ctx.root, &d)).ok()?;
+                m.is_dir().then(|| super::KeptDir {
+                    path: d,
+                    mode: m.mode() & 0o7777,
+                    uid: m.uid(),
+                    gid: m.gid(),
+                })
+            })
+            .collect())
     }
 }
 
@@ -398,6 +508,7 @@ async fn snapshot<R: CommandRunner>(
 /// Reverts a package change: unhold, or purge/remove the packages added that are still there.
 pub(super) async fn revert<R: CommandRunner>(
     change: &Change,
+    root: &Path,
     cmds: &Commands<'_, R>,
 ) -> Result<(), InstallError> {
     match change {
@@ -414,6 +525,7 @@ pub(super) async fn revert<R: CommandRunner>(
             manager,
             requested,
             added,
+            kept_dirs,
             ..
         } => {
             let wanted: Vec<String> = match added {
@@ -422,7 +534,7 @@ pub(super) async fn revert<R: CommandRunner>(
             };
             let present = present(cmds, *manager, &wanted).await?;
             if present.is_empty() {
-                return Ok(());
+                return put_back(root, kept_dirs);
             }
             let mut cmd = match manager {
                 PackageManager::Apt => argv(&[
@@ -442,8 +554,28 @@ pub(super) async fn revert<R: CommandRunner>(
                 "remove the packages by hand, then run uninstall again",
             )
             .await?;
+            put_back(root, kept_dirs)?;
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// Creates again those of `dirs` (sorted, parents first) that are gone, with their mode and
+/// owner.
+fn put_back(root: &Path, dirs: &[super::KeptDir]) -> Result<(), InstallError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for d in dirs {
+        let p = super::under(root, &d.path);
+        if std::fs::symlink_metadata(&p).is_ok() {
+            continue;
+        }
+        tracing::info!(path = %d.path.display(), "putting back a directory the purge removed");
+        std::fs::create_dir(&p).map_err(InstallError::io("creating", &p))?;
+        std::os::unix::fs::chown(&p, Some(d.uid), Some(d.gid))
+            .map_err(InstallError::io("changing the owner of", &p))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(d.mode))
+            .map_err(InstallError::io("setting the mode of", &p))?;
     }
     Ok(())
 }

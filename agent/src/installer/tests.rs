@@ -870,6 +870,21 @@ fn package_runner(
         let a: Vec<&str> = argv.iter().map(String::as_str).collect();
         match a.as_slice() {
             ["dpkg-query", ..] => (0, db.iter().map(|l| format!("ii  {l}\n")).collect()),
+            ["env", _, "apt-get", "install", "--download-only", rest @ ..] => {
+                let dir = rest
+                    .iter()
+                    .find_map(|a| a.strip_prefix("Dir::Cache::archives="))
+                    .unwrap();
+                for p in added {
+                    let name = p.split(' ').next().unwrap();
+                    std::fs::write(format!("{dir}/{name}_1_all.deb"), name).unwrap();
+                }
+                (0, String::new())
+            }
+            ["dpkg-deb", "--contents", deb] if deb.ends_with("kubernetes-cni_1_all.deb") => (
+                0,
+                "drwxr-xr-x root/root 0 2024-01-01 00:00 ./\ndrwxr-xr-x root/root 0 2024-01-01 00:00 ./opt/\ndrwxr-xr-x root/root 0 2024-01-01 00:00 ./opt/cni/\n-rwxr-xr-x root/root 9 2024-01-01 00:00 ./opt/cni/bin\n".into(),
+            ),
             ["rpm", "-qa", ..] => (0, db.iter().map(|l| format!("{l}\n")).collect()),
             ["env", _, "apt-get", "install", ..] | ["dnf", "install", ..] => {
                 db.extend(added.iter().map(|s| s.to_string()));
@@ -897,6 +912,10 @@ async fn apt_packages_command_sequence_and_revert() {
     // against a fake runner with a fake package database.
     let b = bed();
     let units = debian_like(&b);
+    // /opt exists (no package lists it) and kubernetes-cni ships /opt/cni: dpkg removes /opt
+    // when it purges kubernetes-cni; uninstall puts it back as it was.
+    std::fs::create_dir(b.root.join("opt")).unwrap();
+    std::fs::set_permissions(b.root.join("opt"), std::fs::Permissions::from_mode(0o751)).unwrap();
     let before = tree(&b.root);
     let (base, _) = serve(vec![(
         "/Release.key",
@@ -911,6 +930,7 @@ async fn apt_packages_command_sequence_and_revert() {
             "kubectl 1.36.3-1.1",
             "cri-tools 1.36.0-1.1",
             "conntrack 1:1.4.7-1",
+            "kubernetes-cni 1.7.1-1.1",
         ],
         true,
     );
@@ -939,7 +959,12 @@ async fn apt_packages_command_sequence_and_revert() {
             .join("etc/apt/keyrings/byoh-kubernetes.asc")
             .is_file()
     );
-    let calls = runner.calls();
+    let dl = b.downloads.display().to_string();
+    let calls: Vec<String> = runner
+        .calls()
+        .iter()
+        .map(|c| c.replace(&dl, "DL"))
+        .collect();
     let cmds: Vec<&str> = calls
         .iter()
         .map(|c| c.as_str())
@@ -950,7 +975,14 @@ async fn apt_packages_command_sequence_and_revert() {
         [
             "apt-get update -q",
             "dpkg-query -W -f ${db:Status-Abbrev} ${Package} ${Version}\\n",
-            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
+            "env DEBIAN_FRONTEND=noninteractive apt-get install --download-only -y -q -o Dir::Cache::archives=DL/apt-archives kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
+            "dpkg-deb --contents DL/apt-archives/conntrack_1_all.deb",
+            "dpkg-deb --contents DL/apt-archives/cri-tools_1_all.deb",
+            "dpkg-deb --contents DL/apt-archives/kubeadm_1_all.deb",
+            "dpkg-deb --contents DL/apt-archives/kubectl_1_all.deb",
+            "dpkg-deb --contents DL/apt-archives/kubelet_1_all.deb",
+            "dpkg-deb --contents DL/apt-archives/kubernetes-cni_1_all.deb",
+            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold -o Dir::Cache::archives=DL/apt-archives kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
             "dpkg-query -W -f ${db:Status-Abbrev} ${Package} ${Version}\\n",
             "apt-mark hold kubeadm kubelet kubectl",
         ]
@@ -972,9 +1004,18 @@ async fn apt_packages_command_sequence_and_revert() {
     };
     assert_eq!(
         added,
-        &["conntrack", "cri-tools", "kubeadm", "kubectl", "kubelet"]
+        &[
+            "conntrack",
+            "cri-tools",
+            "kubeadm",
+            "kubectl",
+            "kubelet",
+            "kubernetes-cni"
+        ]
     );
     assert!(snapshot.is_empty());
+    // What dpkg does when it purges kubernetes-cni: /opt goes (nothing else lists it).
+    std::fs::remove_dir(b.root.join("opt")).unwrap();
     let n = runner.calls().len();
     uninstall(&b.manifest, &b.root, &units, &runner)
         .await
@@ -989,7 +1030,7 @@ async fn apt_packages_command_sequence_and_revert() {
         cmds,
         [
             "apt-mark unhold kubeadm kubelet kubectl",
-            "env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q conntrack cri-tools kubeadm kubectl kubelet",
+            "env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q conntrack cri-tools kubeadm kubectl kubelet kubernetes-cni",
             "apt-get update -q",
         ]
     );

@@ -1,0 +1,716 @@
+//! System test of the installer's `packages` source (issue 7) against a real apt repository, on a
+//! booted Debian 12 host, through a real claim.
+//!
+//! The test builds a flat apt repository with `dpkg-deb`: stand-in `kubeadm`, `kubelet` and
+//! `kubectl` packages at two versions (1.36.3-1.1 and 1.36.4-1.1) and their dependencies
+//! `cri-tools` and `kubernetes-cni`, shaped like pkgs.k8s.io's (the kubelet unit in
+//! /usr/lib/systemd/system, kubeadm's 10-kubeadm.conf drop-in). Its `InRelease` is signed with a
+//! throwaway gpg key made in the test. The repository is served over HTTP on loopback (apt
+//! checks the signature), the key over HTTPS (keyURL must be https) with a test CA the host
+//! trusts. Hosts share the test machine's network namespace, so they reach both.
+//!
+//! It shows: a K8sInstallerConfig `packages` source pointed at the repository installs the
+//! pinned version through apt with the `signed-by` keyring, holds it, and kubelet.service
+//! runs; the release purges the packages (dependencies included), removes the source file and
+//! the keyring, and leaves the host's file tree and unit files as before the claim. A key that
+//! is not the repository's, or a repository without a signature, fails the claim with a
+//! condition naming the apt error, and nothing is left behind.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use byoh_api::{ByoHost, K8sInstallerConfig};
+use byoh_tests::agent::{self, wait_for};
+use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::hosts::{self, Host};
+use byoh_tests::http::FileServer;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::Api;
+use kube::api::PostParams;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The version the K8sInstallerConfig pins; the repository also has a newer one.
+const PINNED: &str = "1.36.3-1.1";
+const NEWER: &str = "1.36.4-1.1";
+
+/// A kubeadm stand-in: records each call in /run/byoh-test-kubeadm.log.
+const KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log\nexit 0\n";
+/// A kubelet stand-in: records its arguments at each start, then runs.
+const KUBELET: &str =
+    "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubelet.starts\nexec sleep infinity\n";
+const KUBECTL: &str = "#!/bin/sh\necho 'Client Version: v1.36.3'\n";
+/// The kubelet unit as the kubelet package ships it.
+const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet: The Kubernetes Node Agent (test package)\n\n[Service]\nExecStart=/usr/bin/kubelet\nRestart=always\nRestartSec=10\n\n[Install]\nWantedBy=multi-user.target\n";
+/// kubeadm's drop-in as the kubeadm package ships it.
+const KUBEADM_DROPIN: &str = "[Service]\nEnvironment=\"KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf\"\nEnvironment=\"KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml\"\nExecStart=\nExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS\n";
+/// Every package of the repository.
+const ALL_PACKAGES: [&str; 5] = [
+    "kubeadm",
+    "kubelet",
+    "kubectl",
+    "cri-tools",
+    "kubernetes-cni",
+];
+
+/// Bootstrap data: the join with the packaged kubeadm, then the sentinel.
+const DATA: &str = "#cloud-config\nruncmd:\n- [ \"kubeadm\", \"join\", \"--config\", \"/dev/null\" ]\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
+
+fn run(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Builds `name_version_all.deb` in `repo` with `files` (path, content, mode).
+fn deb(repo: &Path, name: &str, version: &str, depends: &str, files: &[(&str, &str, u32)]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("pkg");
+    std::fs::create_dir_all(root.join("DEBIAN")).unwrap();
+    let depends = if depends.is_empty() {
+        String::new()
+    } else {
+        format!("Depends: {depends}\n")
+    };
+    std::fs::write(
+        root.join("DEBIAN/control"),
+        format!("Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: BYOH tests <tests@byoh.invalid>\n{depends}Description: {name} stand-in for BYOH tests\n"),
+    )
+    .unwrap();
+    for (path, content, mode) in files {
+        let p = root.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, content).unwrap();
+        std::fs::set_permissions(
+            &p,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(*mode),
+        )
+        .unwrap();
+    }
+    run(Command::new("dpkg-deb")
+        .args(["--build", "--root-owner-group", "-Zgzip"])
+        .arg(&root)
+        .arg(repo.join(format!("{name}_{version}_all.deb"))));
+}
+
+/// A throwaway gpg key in a home of its own.
+struct GpgKey {
+    home: tempfile::TempDir,
+}
+
+impl GpgKey {
+    fn generate(name: &str) -> GpgKey {
+        let home = tempfile::tempdir().unwrap();
+        run(Command::new("gpg").arg("--homedir").arg(home.path()).args([
+            "--batch",
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            name,
+            "ed25519",
+            "sign",
+            "1d",
+        ]));
+        GpgKey { home }
+    }
+
+    fn armored_public_key(&self) -> Vec<u8> {
+        run(Command::new("gpg")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--batch", "--armor", "--export"]))
+    }
+
+    /// `InRelease` for `release`: the clear-signed text.
+    fn clearsign(&self, release: &[u8]) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("Release");
+        let output = dir.path().join("InRelease");
+        std::fs::write(&input, release).unwrap();
+        run(Command::new("gpg")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args([
+                "--batch",
+                "--yes",
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+                "--digest-algo",
+                "SHA256",
+                "--clearsign",
+                "-o",
+            ])
+            .arg(&output)
+            .arg(&input));
+        std::fs::read(output).unwrap()
+    }
+}
+
+impl Drop for GpgKey {
+    fn drop(&mut self) {
+        let _ = Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--kill", "gpg-agent"])
+            .status();
+    }
+}
+
+/// The flat repository's files (URL path under the repository → body): the debs, `Packages`,
+/// `Release`.
+fn repository() -> Vec<(String, Vec<u8>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    for version in [PINNED, NEWER] {
+        deb(
+            repo,
+            "kubeadm",
+            version,
+            "cri-tools (>= 1.36.0)",
+            &[
+                ("/usr/bin/kubeadm", KUBEADM, 0o755),
+                (
+                    "/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
+                    KUBEADM_DROPIN,
+                    0o644,
+                ),
+            ],
+        );
+        deb(
+            repo,
+            "kubelet",
+            version,
+            "kubernetes-cni (>= 1.2.0)",
+            &[
+                ("/usr/bin/kubelet", KUBELET, 0o755),
+                (
+                    "/usr/lib/systemd/system/kubelet.service",
+                    KUBELET_UNIT,
+                    0o644,
+                ),
+            ],
+        );
+        deb(
+            repo,
+            "kubectl",
+            version,
+            "",
+            &[("/usr/bin/kubectl", KUBECTL, 0o755)],
+        );
+    }
+    deb(
+        repo,
+        "cri-tools",
+        "1.36.0-1.1",
+        "",
+        &[("/usr/bin/crictl", "#!/bin/sh\nexit 0\n", 0o755)],
+    );
+    deb(
+        repo,
+        "kubernetes-cni",
+        "1.7.1-1.1",
+        "",
+        &[("/opt/cni/bin/bridge", "#!/bin/sh\nexit 0\n", 0o755)],
+    );
+    let packages = run(Command::new("dpkg-scanpackages")
+        .args(["--multiversion", "."])
+        .current_dir(repo));
+    let sha = byoh_tests::http::sha256(&packages).unwrap();
+    let date = String::from_utf8(run(Command::new("date").args(["-Ru"]))).unwrap();
+    let release = format!(
+        "Origin: byoh-test\nLabel: byoh-test\nDate: {}\nArchitectures: amd64 arm64 all\nSHA256:\n {sha} {} Packages\n",
+        date.trim(),
+        packages.len()
+    );
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(repo)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                format!("/{}", e.file_name().to_string_lossy()),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.push(("/Packages".into(), packages));
+    files.push(("/Release".into(), release.into_bytes()));
+    files
+}
+
+/// Serves `body` at `https://127.0.0.1:PORT/<name>` for each (name, body), with a certificate
+/// from a fresh test CA; returns the base URL and the CA certificate (PEM).
+async fn serve_https(files: Vec<(String, Vec<u8>)>) -> (String, String) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "BYOH test CA");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("https://{}", l.local_addr().unwrap());
+    let files = Arc::new(files);
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            let files = files.clone();
+            tokio::spawn(async move {
+                let Ok(mut s) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let req = String::from_utf8_lossy(&buf);
+                let path = req.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let resp = match files.iter().find(|(p, _)| *p == path) {
+                    Some((_, body)) => {
+                        let mut r = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .into_bytes();
+                        r.extend_from_slice(body);
+                        r
+                    }
+                    None => {
+                        b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                            .to_vec()
+                    }
+                };
+                let _ = s.write_all(&resp).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (base, ca.pem())
+}
+
+async fn status_of(hosts: &Api<ByoHost>, name: &str) -> byoh_api::ByoHostStatus {
+    hosts
+        .get_status(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+}
+
+async fn condition(hosts: &Api<ByoHost>, name: &str, type_: &str) -> Option<Condition> {
+    status_of(hosts, name)
+        .await
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Waits for `phase`; a `Failed` host (when another phase is awaited) fails the test at once
+/// with its conditions.
+async fn wait_phase(hosts: &Api<ByoHost>, name: &str, phase: &str, secs: u64) {
+    wait_for(
+        &format!("phase {phase}"),
+        Duration::from_secs(secs),
+        || async {
+            let status = hosts
+                .get_opt(name)
+                .await?
+                .and_then(|h| h.status)
+                .unwrap_or_default();
+            let now = status.phase.as_deref();
+            assert!(
+                now != Some("Failed") || phase == "Failed",
+                "waiting for {phase}, the host failed: {:#?}",
+                status.conditions
+            );
+            Ok((now == Some(phase)).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Release the claim of `uid` and drop it, as the controller does; waits for `Available`.
+async fn release(client: &kube::Client, ns: &str, hosts: &Api<ByoHost>, name: &str, uid: &str) {
+    agent::request_release(client, ns, name).await.unwrap();
+    wait_for("cleanedMachineUID", Duration::from_secs(120), || async {
+        Ok(hosts.get_opt(name).await?.filter(|h| {
+            h.status
+                .as_ref()
+                .and_then(|s| s.cleaned_machine_uid.as_deref())
+                == Some(uid)
+        }))
+    })
+    .await
+    .unwrap();
+    agent::drop_claim(client, ns, name).await.unwrap();
+    wait_phase(hosts, name, "Available", 60).await;
+}
+
+async fn packages_config(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    repository: &str,
+    key_url: &str,
+) {
+    let config: K8sInstallerConfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": byoh_api::API_VERSION,
+        "kind": "K8sInstallerConfig",
+        "metadata": { "name": name, "namespace": ns },
+        "spec": { "packages": {
+            "aptRepository": repository,
+            "keyURL": key_url,
+            "versionPin": PINNED,
+        }},
+    }))
+    .unwrap();
+    Api::<K8sInstallerConfig>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+}
+
+async fn exists(host: &Host, path: &str) -> bool {
+    host.exec(&["test", "-e", path]).await.unwrap().success()
+}
+
+/// `name version` of each repository package installed on the host.
+async fn installed(host: &Host) -> Vec<String> {
+    let out = host
+        .exec(&[
+            "dpkg-query",
+            "-W",
+            "-f",
+            "${db:Status-Abbrev} ${Package} ${Version}\\n",
+        ])
+        .await
+        .unwrap();
+    out.stdout
+        .lines()
+        .filter(|l| l.starts_with("ii") || l.starts_with("hi"))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace().skip(1);
+            let (name, version) = (it.next()?, it.next()?);
+            ALL_PACKAGES
+                .contains(&name)
+                .then(|| format!("{name} {version}"))
+        })
+        .collect()
+}
+
+/// Claims the host with K8sInstallerConfig `config`, expects the install to fail, and returns
+/// the K8sComponentsInstalled condition after checking that nothing is left behind.
+async fn failing_claim(
+    client: &kube::Client,
+    ns: &str,
+    host: &Host,
+    hosts: &Api<ByoHost>,
+    before: &str,
+    config: &str,
+    uid: &str,
+) -> Condition {
+    let name = host.name();
+    agent::claim_host_installing(
+        client,
+        ns,
+        name,
+        &format!("m-{config}"),
+        uid,
+        "data",
+        Some((config, "v1.36.3")),
+    )
+    .await
+    .unwrap();
+    wait_phase(hosts, name, "Failed", 180).await;
+    let cond = condition(hosts, name, "K8sComponentsInstalled")
+        .await
+        .unwrap();
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_str()),
+        ("False", "InstallationFailed"),
+        "{cond:?}"
+    );
+    let diff = agent::snapshot_diff(before, &agent::snapshot(host).await.unwrap());
+    assert!(
+        diff.is_empty(),
+        "{config}: the failed install left changes behind:\n{}",
+        diff.join("\n")
+    );
+    assert!(installed(host).await.is_empty());
+    assert!(
+        !exists(host, "/run/byoh-test-kubeadm.log").await,
+        "nothing ran"
+    );
+    release(client, ns, hosts, name, uid).await;
+    cond
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn packages_source_installs_the_pinned_held_version_from_a_signed_repository_and_reverts_it()
+{
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let key = GpgKey::generate("BYOH test repository <repo@byoh.invalid>");
+    let other = GpgKey::generate("Someone else <other@byoh.invalid>");
+    let repo = repository();
+    let release_text = repo
+        .iter()
+        .find(|(p, _)| p == "/Release")
+        .unwrap()
+        .1
+        .clone();
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    for (p, body) in &repo {
+        files.push((format!("/signed{p}"), body.clone()));
+        files.push((format!("/unsigned{p}"), body.clone()));
+    }
+    files.push(("/signed/InRelease".into(), key.clearsign(&release_text)));
+    let server = FileServer::start(files).await.unwrap();
+    let (key_base, ca_pem) = serve_https(vec![
+        ("/repo.asc".into(), key.armored_public_key()),
+        ("/other.asc".into(), other.armored_public_key()),
+    ])
+    .await;
+    eprintln!(
+        "repository built and served in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let ns = TestNamespace::create(&client, "installer-packages")
+        .await
+        .unwrap();
+    let signed = format!("{}/signed/", server.base());
+    let unsigned = format!("{}/unsigned/", server.base());
+    packages_config(
+        &client,
+        ns.name(),
+        "good",
+        &signed,
+        &format!("{key_base}/repo.asc"),
+    )
+    .await;
+    packages_config(
+        &client,
+        ns.name(),
+        "wrong-key",
+        &signed,
+        &format!("{key_base}/other.asc"),
+    )
+    .await;
+    packages_config(
+        &client,
+        ns.name(),
+        "unsigned",
+        &unsigned,
+        &format!("{key_base}/repo.asc"),
+    )
+    .await;
+    agent::create_bootstrap_secret(&client, ns.name(), "data", DATA)
+        .await
+        .unwrap();
+
+    let host = Host::boot("installer-packages").await.unwrap();
+    let name = host.name().to_string();
+    // The host trusts the test CA (as an operator adds a private CA), before the snapshot.
+    host.write_file(
+        "/usr/local/share/ca-certificates/byoh-test-ca.crt",
+        ca_pem.as_bytes(),
+        0o644,
+    )
+    .await
+    .unwrap();
+    host.run(&["update-ca-certificates"]).await.unwrap();
+    agent::register(
+        &client,
+        &control_plane::kubeconfig_path().unwrap(),
+        ns.name(),
+        &host,
+        "",
+    )
+    .await
+    .unwrap();
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let _ = host
+        .run(&["systemctl", "start", "containerd.service"])
+        .await;
+    let before = agent::snapshot(&host).await.unwrap();
+
+    // A key that is not the repository's: apt refuses the repository; nothing is left.
+    let t = std::time::Instant::now();
+    let cond = failing_claim(
+        &client,
+        ns.name(),
+        &host,
+        &hosts,
+        &before,
+        "wrong-key",
+        "uid-wrongkey-1",
+    )
+    .await;
+    for want in ["apt-get update", "NO_PUBKEY", "packages.keyURL", "reverted"] {
+        assert!(cond.message.contains(want), "{want}: {}", cond.message);
+    }
+    eprintln!(
+        "wrong key refused and reverted in {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        cond.message
+    );
+    // A repository without a signature: the same.
+    let t = std::time::Instant::now();
+    let cond = failing_claim(
+        &client,
+        ns.name(),
+        &host,
+        &hosts,
+        &before,
+        "unsigned",
+        "uid-unsigned-1",
+    )
+    .await;
+    for want in ["apt-get update", "is not signed", "reverted"] {
+        assert!(cond.message.contains(want), "{want}: {}", cond.message);
+    }
+    eprintln!(
+        "unsigned repository refused and reverted in {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        cond.message
+    );
+
+    // The signed repository with its key: the pinned version, held, with its dependencies.
+    let t = std::time::Instant::now();
+    agent::claim_host_installing(
+        &client,
+        ns.name(),
+        &name,
+        "m-good",
+        "uid-good-1",
+        "data",
+        Some(("good", "v1.36.3")),
+    )
+    .await
+    .unwrap();
+    wait_phase(&hosts, &name, "Provisioned", 300).await;
+    eprintln!(
+        "installed and bootstrapped in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(byoh_api::conditions::is_true(
+        &status_of(&hosts, &name).await.conditions,
+        "K8sComponentsInstalled"
+    ));
+    assert_eq!(
+        installed(&host).await,
+        [
+            "cri-tools 1.36.0-1.1".to_string(),
+            format!("kubeadm {PINNED}"),
+            format!("kubectl {PINNED}"),
+            format!("kubelet {PINNED}"),
+            "kubernetes-cni 1.7.1-1.1".to_string(),
+        ]
+    );
+    let held = host.run(&["apt-mark", "showhold"]).await.unwrap();
+    assert_eq!(
+        held.lines().collect::<Vec<_>>(),
+        ["kubeadm", "kubectl", "kubelet"]
+    );
+    let source = host
+        .read_to_string("/etc/apt/sources.list.d/byoh-kubernetes.sources")
+        .await
+        .unwrap();
+    assert!(
+        source.contains(&format!("URIs: {signed}"))
+            && source.contains("Signed-By: /etc/apt/keyrings/byoh-kubernetes.asc"),
+        "{source}"
+    );
+    assert_eq!(
+        host.read_file("/etc/apt/keyrings/byoh-kubernetes.asc")
+            .await
+            .unwrap(),
+        key.armored_public_key()
+    );
+    // apt would have taken the newer version without the pin.
+    let policy = host.run(&["apt-cache", "policy", "kubeadm"]).await.unwrap();
+    assert!(policy.contains(NEWER), "{policy}");
+    // kubelet.service from the package, with kubeadm's drop-in, started by the installer.
+    assert_eq!(
+        host.run(&["systemctl", "is-active", "kubelet.service"])
+            .await
+            .unwrap()
+            .trim(),
+        "active"
+    );
+    let args = host
+        .read_to_string("/run/byoh-test-kubelet.starts")
+        .await
+        .unwrap();
+    assert!(
+        args.contains("--config=/var/lib/kubelet/config.yaml"),
+        "{args}"
+    );
+    assert_eq!(
+        host.read_to_string("/run/byoh-test-kubeadm.log")
+            .await
+            .unwrap(),
+        "join --config /dev/null\n"
+    );
+
+    // Release: reset, then the packages purged, the source and the keyring removed.
+    let t = std::time::Instant::now();
+    release(&client, ns.name(), &hosts, &name, "uid-good-1").await;
+    eprintln!("released in {:.1} s", t.elapsed().as_secs_f64());
+    assert_eq!(
+        host.read_to_string("/run/byoh-test-kubeadm.log")
+            .await
+            .unwrap(),
+        "join --config /dev/null\nreset --force\n"
+    );
+    assert!(installed(&host).await.is_empty());
+    assert!(!exists(&host, "/etc/apt/sources.list.d/byoh-kubernetes.sources").await);
+    assert!(!exists(&host, "/etc/apt/keyrings/byoh-kubernetes.asc").await);
+    let diff = agent::snapshot_diff(&before, &agent::snapshot(&host).await.unwrap());
+    assert!(
+        diff.is_empty(),
+        "the release must return the host to its pre-claim state:\n{}",
+        diff.join("\n")
+    );
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+    eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
+}
