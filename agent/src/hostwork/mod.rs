@@ -42,11 +42,13 @@ pub const SENTINEL: &str = "/run/cluster-api/bootstrap-success.complete";
 /// The kubelet drop-in carrying `--provider-id`.
 pub const PROVIDER_ID_DROPIN: &str =
     "/etc/systemd/system/kubelet.service.d/20-byoh-provider-id.conf";
-/// Directories kubeadm and CNI plugins create; removed on clean-up when they did not exist
-/// before the claim.
+/// Directories kubeadm, the kubelet and CNI plugins create; removed on clean-up when they did
+/// not exist before the claim. `/usr/libexec/kubernetes` is the kubelet's default
+/// `volumePluginDir` (FlexVolume), created by every kubelet start (found by the end-to-end test).
 pub const RUNTIME_DIRS: &[&str] = &[
     "/etc/kubernetes",
     "/var/lib/kubelet",
+    "/usr/libexec/kubernetes",
     "/etc/cni/net.d",
     "/var/lib/cni",
     "/var/lib/etcd",
