@@ -12,8 +12,8 @@
 
 use byoh_tests::agent::AGENT_IN_HOST;
 use byoh_tests::hosts::{self, Host};
+use byoh_tests::http::FileServer;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// A kubelet stand-in: records its arguments, then writes a heartbeat forever.
 const KUBELET: &str = "#!/bin/sh\n\
@@ -24,47 +24,11 @@ const KUBECTL: &str = "#!/bin/sh\necho 'Client Version: v1.36.3'\n";
 
 /// Serves `files` (path → body) on 127.0.0.1; returns the base URL.
 async fn serve(files: Vec<(&'static str, Vec<u8>)>) -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            let files = files.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let req = String::from_utf8_lossy(&buf);
-                let path = req.split_whitespace().nth(1).unwrap_or("/");
-                let path = path.split('?').next().unwrap_or("/");
-                let resp = match files.iter().find(|(p, _)| *p == path) {
-                    Some((_, body)) => {
-                        let mut r = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                            body.len()
-                        )
-                        .into_bytes();
-                        r.extend_from_slice(body);
-                        r
-                    }
-                    None => {
-                        b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                            .to_vec()
-                    }
-                };
-                let _ = s.write_all(&resp).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    format!("http://{addr}")
+    FileServer::start(files.into_iter().map(|(p, b)| (p.to_string(), b)).collect())
+        .await
+        .unwrap()
+        .base()
+        .to_string()
 }
 
 /// Where the agent binary is copied inside the host: `target/` is shared with concurrent
@@ -86,20 +50,7 @@ async fn boot(label: &str) -> Host {
 }
 
 fn sha256(data: &[u8]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("f");
-    std::fs::write(&p, data).unwrap();
-    let out = std::process::Command::new("sha256sum")
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
+    byoh_tests::http::sha256(data).unwrap()
 }
 
 /// Paths left out of the file-tree comparison: kernel and runtime file systems, logs, caches,
