@@ -21,7 +21,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +64,7 @@ pub fn controller(
 ) -> impl Future<Output = ()> {
     let api: Api<ByoCluster> = ctx.api();
     let machines: Api<ByoMachine> = ctx.api();
-    let controller = Controller::new(api, ctx.watch_config()).with_config(
+    let controller = crate::run::controller_for(api, ctx.watch_config()).with_config(
         kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
     );
     let store = controller.store();

@@ -41,7 +41,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -128,7 +127,7 @@ pub fn controller(
     shutdown: Shutdown,
 ) -> impl Future<Output = ()> {
     let api: Api<ByoMachine> = ctx.api();
-    let controller = Controller::new(api, ctx.watch_config()).with_config(
+    let controller = crate::run::controller_for(api, ctx.watch_config()).with_config(
         kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
     );
     let store = controller.store();

@@ -22,6 +22,7 @@
 //! Secrets and update/patch on Leases); it is given no `escalate`/`bind`, which would let it grant
 //! anything.
 
+use crate::run::CacheReady;
 use byoh_api::ByoHost;
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::rbac::v1::{
@@ -30,7 +31,7 @@ use k8s_openapi::api::rbac::v1::{
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use kube::{Resource as _, ResourceExt as _};
 use std::sync::Arc;
 use std::time::Duration;
@@ -268,6 +269,8 @@ struct Ctx {
     client: kube::Client,
     roles: Store<Role>,
     bindings: Store<RoleBinding>,
+    roles_ready: CacheReady,
+    bindings_ready: CacheReady,
 }
 
 fn apply_body<T: serde::Serialize>(
@@ -367,16 +370,7 @@ async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAcce
     // The Roles and RoleBindings are cached (and watched): only what differs is written, so
     // a restart or a host's status update costs no request. The caches are filled by the
     // controller's trigger streams; the first reconciles wait for them.
-    let (roles_ready, bindings_ready) = (
-        ctx.roles.wait_until_ready(),
-        ctx.bindings.wait_until_ready(),
-    );
-    if futures::future::try_join(roles_ready, bindings_ready)
-        .await
-        .is_err()
-    {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
+    futures::future::join(ctx.roles_ready.wait(), ctx.bindings_ready.wait()).await;
     fn key<K: kube::Resource<DynamicType = ()>>(host: &ByoHost) -> ObjectRef<K> {
         ObjectRef::new(&role_name(&host.name_any()))
             .within(host.namespace().as_deref().unwrap_or_default())
@@ -430,15 +424,9 @@ pub async fn run(client: kube::Client, opts: HostAccessOptions) -> anyhow::Resul
     };
     let (hosts, writer) = reflector::store::<ByoHost>();
     let (tx, rx) = futures::channel::mpsc::channel(256);
-    let cache = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default().any_semantic()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .filter_map(|h| futures::future::ready(h.ok().map(Arc::new)))
-    .map(Ok)
-    .forward(tx);
+    let watch = watcher(api, watcher::Config::default().any_semantic());
+    let (cache, _) = crate::run::cache_stream(writer, watch, "ByoHost");
+    let cache = cache.map(|h| Ok(Arc::new(h))).forward(tx);
     tokio::select! {
         _ = cache => Ok(()),
         r = run_shared(client, opts, hosts, rx) => r,
@@ -474,24 +462,25 @@ pub async fn run_shared(
         let host = obj.meta().labels.as_ref()?.get(HOST_LABEL)?;
         Some(ObjectRef::new(host).within(obj.meta().namespace.as_deref()?))
     }
-    let role_events = reflector::reflector(roles_writer, watcher(roles_api, selector.clone()))
-        .default_backoff()
-        .touched_objects()
-        .filter_map(|r| futures::future::ready(r.ok().and_then(owner_host)));
-    let binding_events = reflector::reflector(bindings_writer, watcher(bindings_api, selector))
-        .default_backoff()
-        .touched_objects()
-        .filter_map(|r| futures::future::ready(r.ok().and_then(owner_host)));
+    let (role_events, roles_ready) =
+        crate::run::cache_stream(roles_writer, watcher(roles_api, selector.clone()), "Role");
+    let (binding_events, bindings_ready) = crate::run::cache_stream(
+        bindings_writer,
+        watcher(bindings_api, selector),
+        "RoleBinding",
+    );
     let ctx = Arc::new(Ctx {
         client,
         roles,
         bindings,
+        roles_ready,
+        bindings_ready,
     });
     tracing::info!(namespace = ?opts.namespace, "starting the host access reconciler");
     let controller = Controller::for_shared_stream(host_events, hosts)
         .with_config(Config::default().concurrency(CONCURRENCY))
-        .reconcile_on(role_events)
-        .reconcile_on(binding_events);
+        .reconcile_on(role_events.filter_map(|r| futures::future::ready(owner_host(r))))
+        .reconcile_on(binding_events.filter_map(|b| futures::future::ready(owner_host(b))));
     controller
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -399,20 +399,51 @@ impl<K> FanOut<K> {
     }
 }
 
+/// Readiness of a cache (its first list applied) that any number of tasks may wait for.
+/// kube's `Store::wait_until_ready` wakes only one of several concurrent waiters (it polls
+/// one `futures` oneshot receiver, which keeps the last waker only), and the controllers
+/// built on a store already wait on it.
+#[derive(Clone, Debug)]
+pub struct CacheReady(tokio::sync::watch::Receiver<bool>);
+
+impl CacheReady {
+    /// A readiness flag and the function that raises it on a watch's `InitDone` event.
+    pub(crate) fn new<K>() -> (Self, impl FnMut(&watcher::Result<watcher::Event<K>>)) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let raise = move |event: &watcher::Result<watcher::Event<K>>| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                tx.send_replace(true);
+            }
+        };
+        (Self(rx), raise)
+    }
+
+    /// Resolves once the cache holds its first full list (never, if its watch stopped
+    /// before).
+    pub async fn wait(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|ready| *ready).await.is_err() {
+            futures::future::pending::<()>().await;
+        }
+    }
+}
+
 /// The stream of a shared cache: the watch, without `managedFields`, applied to `writer`'s
 /// store, then each changed or deleted object (watch errors are logged and retried with
-/// backoff).
-fn cache_stream<K>(
+/// backoff); and the cache's readiness.
+pub(crate) fn cache_stream<K>(
     writer: reflector::store::Writer<K>,
     watch: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
     kind: &'static str,
-) -> impl futures::Stream<Item = K> + Send
+) -> (impl futures::Stream<Item = K> + Send, CacheReady)
 where
     K: kube::Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    reflector::reflector(writer, watch.modify(drop_managed_fields))
+    let (ready, raise) = CacheReady::new();
+    let stream = reflector::reflector(writer, watch.modify(drop_managed_fields))
         .default_backoff()
+        .inspect(raise)
         .touched_objects()
         .filter_map(move |obj| {
             futures::future::ready(match obj {
@@ -422,13 +453,33 @@ where
                     None
                 }
             })
-        })
+        });
+    (stream, ready)
+}
+
+/// A `Controller` of `api`'s kind whose own cache does without `managedFields` (as
+/// `Controller::new` otherwise).
+pub(crate) fn controller_for<K>(api: Api<K>, wc: watcher::Config) -> kube::runtime::Controller<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, wc).modify(drop_managed_fields))
+        .default_backoff()
+        .applied_objects();
+    kube::runtime::Controller::for_stream(stream, store)
 }
 
 /// Cached objects do without `metadata.managedFields` (often the larger part of an object).
 /// An update built from a cached object then omits the field, which leaves the server's
 /// record as it is.
-fn drop_managed_fields<K: kube::Resource>(obj: &mut K) {
+pub(crate) fn drop_managed_fields<K: kube::Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
@@ -495,19 +546,20 @@ async fn run_controllers(
 
     let host_api: Api<ByoHost> = ctx.api();
     let host_ctx = ctx.clone();
-    let host_cache = cache_stream(
+    let (host_cache, hosts_ready) = cache_stream(
         hosts_writer,
         watcher(host_api, watcher::Config::default().any_semantic()),
         "ByoHost",
-    )
-    .map(move |host| {
-        crate::byomachine::on_host_event(&host_ctx, &host);
-        host
-    })
-    .fold(host_events, FanOut::publish);
+    );
+    let host_cache = host_cache
+        .map(move |host| {
+            crate::byomachine::on_host_event(&host_ctx, &host);
+            host
+        })
+        .fold(host_events, FanOut::publish);
     // Only the hosts' Leases (labelled by the agent), not every Lease of the cluster.
     let lease_api: Api<Lease> = ctx.api();
-    let lease_cache = cache_stream(
+    let (lease_cache, leases_ready) = cache_stream(
         leases_writer,
         watcher(
             lease_api,
@@ -516,8 +568,8 @@ async fn run_controllers(
                 .any_semantic(),
         ),
         "Lease",
-    )
-    .fold(lease_events, FanOut::publish);
+    );
+    let lease_cache = lease_cache.fold(lease_events, FanOut::publish);
 
     let (cluster_api, machine_api) = match &ctx.settings.namespace {
         Some(ns) => (
@@ -529,18 +581,18 @@ async fn run_controllers(
             Api::all_with(client.clone(), &crate::capi::machine_resource()),
         ),
     };
-    let cluster_cache = cache_stream(
+    let (cluster_cache, _) = cache_stream(
         clusters_writer,
         watcher(cluster_api, ctx.watch_config()),
         "Cluster",
-    )
-    .fold(cluster_events, FanOut::publish);
-    let machine_cache = cache_stream(
+    );
+    let cluster_cache = cluster_cache.fold(cluster_events, FanOut::publish);
+    let (machine_cache, _) = cache_stream(
         machines_writer,
         watcher(machine_api, ctx.watch_config()),
         "Machine",
-    )
-    .fold(machine_events, FanOut::publish);
+    );
+    let machine_cache = machine_cache.fold(machine_events, FanOut::publish);
 
     let gauges_ctx = ctx.clone();
     let gauges = async move {
@@ -550,14 +602,10 @@ async fn run_controllers(
         }
     };
 
-    let ready_ctx = ctx.clone();
     let readiness = async move {
-        let hosts = ready_ctx.hosts.wait_until_ready();
-        let leases = ready_ctx.leases.wait_until_ready();
-        if hosts.await.is_ok() && leases.await.is_ok() {
-            ready.store(true, Ordering::Relaxed);
-            tracing::info!("ByoHost and Lease caches are filled");
-        }
+        futures::future::join(hosts_ready.wait(), leases_ready.wait()).await;
+        ready.store(true, Ordering::Relaxed);
+        tracing::info!("ByoHost and Lease caches are filled");
     };
 
     let byocluster =

@@ -298,9 +298,26 @@ async fn a_host_reaches_only_its_own_objects() {
         ),
         "while it is claimed",
     );
+    // The Lease policy is a policy of its own, enforced shortly after it was created too.
+    let admin_leases: Api<Lease> = Api::namespaced(admin.clone(), ns.name());
+    let lease_refusal = eventually(
+        "the Lease policy to be enforced",
+        Duration::from_secs(30),
+        || async {
+            match leases.create(&pp, &lease("b")).await {
+                Err(kube::Error::Api(s)) => Some(*s),
+                Ok(_) => {
+                    let _ = admin_leases.delete("b", &DeleteParams::default()).await;
+                    None
+                }
+                Err(e) => panic!("create lease b: {e}"),
+            }
+        },
+    )
+    .await;
     denied(
         "create host b's Lease",
-        refused("create lease b", leases.create(&pp, &lease("b")).await),
+        lease_refusal,
         "Lease named exactly like itself",
     );
 
@@ -324,6 +341,133 @@ async fn a_host_reaches_only_its_own_objects() {
     )
     .await;
     hosts.delete("a", &DeleteParams::default()).await.unwrap();
+
+    reconciler.abort();
+    ns.cleanup(&admin).await.unwrap();
+}
+
+/// The reconciler writes a host's Role and RoleBinding only when they differ from what the host
+/// needs: a restarted reconciler writes nothing, an edited or deleted Role is restored.
+#[tokio::test(flavor = "multi_thread")]
+async fn host_roles_are_written_only_when_they_differ_and_restored_when_changed() {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    let ns = TestNamespace::create(&admin, "host-access-cache")
+        .await
+        .unwrap();
+    let opts = HostAccessOptions {
+        namespace: Some(ns.name().into()),
+    };
+    let start = || async {
+        tokio::spawn(hostaccess::run(
+            controller_client().await.unwrap(),
+            opts.clone(),
+        ))
+    };
+    let reconciler = start().await;
+    let admin_hosts: Api<ByoHost> = Api::namespaced(admin.clone(), ns.name());
+    let roles: Api<Role> = Api::namespaced(admin.clone(), ns.name());
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), ns.name());
+    let pp = PostParams::default();
+    for name in ["a", "b"] {
+        admin_hosts
+            .create(&pp, &ByoHost::new(name, ByoHostSpec::default()))
+            .await
+            .unwrap();
+    }
+    let version = |api: Api<Role>, name: &'static str| async move {
+        api.get_opt(name)
+            .await
+            .unwrap()
+            .and_then(|r| r.metadata.resource_version)
+    };
+    let a_role = eventually("host a's Role", Duration::from_secs(30), || {
+        version(roles.clone(), "byoh-host-a")
+    })
+    .await;
+    let a_binding = eventually("host a's RoleBinding", Duration::from_secs(30), || async {
+        bindings
+            .get_opt("byoh-host-a")
+            .await
+            .unwrap()
+            .and_then(|r| r.metadata.resource_version)
+    })
+    .await;
+
+    // A restarted reconciler: host b's claim changes its Role (so the new reconciler is seen
+    // at work); host a's objects keep their resourceVersion.
+    reconciler.abort();
+    let _ = reconciler.await;
+    let reconciler = start().await;
+    admin_hosts
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "claim": claim("b-bootstrap") } })),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "host b's Role grants its bootstrap Secret",
+        Duration::from_secs(30),
+        || async {
+            let r = roles.get("byoh-host-b").await.ok()?;
+            r.rules
+                .unwrap_or_default()
+                .iter()
+                .any(|r| r.resources.as_deref() == Some(&["secrets".to_string()][..]))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        version(roles.clone(), "byoh-host-a").await,
+        Some(a_role.clone())
+    );
+    assert_eq!(
+        bindings
+            .get("byoh-host-a")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        Some(a_binding)
+    );
+
+    // An admin's edit is reverted; a deleted Role comes back.
+    roles
+        .patch(
+            "byoh-host-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "rules": [] })),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "host a's rules restored",
+        Duration::from_secs(30),
+        || async {
+            let r = roles.get("byoh-host-a").await.ok()?;
+            (r.rules.unwrap_or_default().len() == 3).then_some(())
+        },
+    )
+    .await;
+    roles
+        .delete("byoh-host-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "host a's Role recreated",
+        Duration::from_secs(30),
+        || async {
+            let v = version(roles.clone(), "byoh-host-a").await?;
+            (v != a_role).then_some(())
+        },
+    )
+    .await;
 
     reconciler.abort();
     ns.cleanup(&admin).await.unwrap();
