@@ -361,13 +361,9 @@ async fn host_roles_are_written_only_when_they_differ_and_restored_when_changed(
     let opts = HostAccessOptions {
         namespace: Some(ns.name().into()),
     };
-    let start = || async {
-        tokio::spawn(hostaccess::run(
-            controller_client().await.unwrap(),
-            opts.clone(),
-        ))
-    };
-    let reconciler = start().await;
+    let controller = controller_client().await.unwrap();
+    let start = || tokio::spawn(hostaccess::run(controller.clone(), opts.clone()));
+    let reconciler = start();
     let admin_hosts: Api<ByoHost> = Api::namespaced(admin.clone(), ns.name());
     let roles: Api<Role> = Api::namespaced(admin.clone(), ns.name());
     let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), ns.name());
@@ -401,7 +397,7 @@ async fn host_roles_are_written_only_when_they_differ_and_restored_when_changed(
     // at work); host a's objects keep their resourceVersion.
     reconciler.abort();
     let _ = reconciler.await;
-    let reconciler = start().await;
+    let reconciler = start();
     admin_hosts
         .patch(
             "b",
