@@ -142,13 +142,19 @@ async fn infrastructure_components_apply_and_come_up() {
         container.image.as_deref(),
         Some(byoh_controller::manifests::DEFAULT_IMAGE)
     );
-    assert!(
-        container
-            .args
-            .as_ref()
-            .unwrap()
-            .contains(&"--namespace=".to_string())
-    );
+    // BYOH_WATCH_NAMESPACE defaults to `""` (clusterctl refuses an empty default as unset);
+    // the controller reads `""` as all namespaces (unit test in controller/src/cli.rs).
+    let args = container.args.as_ref().unwrap();
+    assert!(args.contains(&"--namespace=\"\"".to_string()), "{args:?}");
+    use clap::Parser as _;
+    let cli = byoh_controller::cli::Cli::try_parse_from(
+        std::iter::once("byoh-controller").chain(args.iter().map(String::as_str)),
+    )
+    .unwrap();
+    let byoh_controller::cli::Command::Run(run) = cli.command else {
+        panic!("the Deployment does not run `byoh-controller run`: {args:?}");
+    };
+    assert_eq!(run.namespace, "", "all namespaces by default");
 }
 
 fn template(name: &str) -> ByoMachineTemplate {
