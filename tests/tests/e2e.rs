@@ -692,9 +692,10 @@ async fn wait_joined(bed: &mut Bed, machine: &str, host_idx: usize) -> anyhow::R
     Ok(node)
 }
 
-/// Deletes Machine `machine` and waits until its host is back in the pool (reset, uninstall,
-/// claim dropped), then deletes the Node as CAPI's Machine controller would.
-async fn release(bed: &mut Bed, machine: &str, host_idx: usize) -> anyhow::Result<()> {
+/// Deletes Machine `machine` as CAPI's Machine controller does: the ByoMachine goes (the
+/// agent resets and uninstalls the host, the controller drops the claim), then the Node is
+/// deleted. Returns once the ByoMachine is gone.
+async fn delete_machine_and_node(bed: &Bed, machine: &str, host_idx: usize) -> anyhow::Result<()> {
     let host_name = bed.host(host_idx).name().to_string();
     bed.delete_machine(machine).await?;
     let bms = bed.byomachines();
@@ -704,6 +705,21 @@ async fn release(bed: &mut Bed, machine: &str, host_idx: usize) -> anyhow::Resul
         || async { Ok(bms.get_opt(machine).await?.is_none().then_some(())) },
     )
     .await?;
+    match Api::<Node>::all(bed.admin.clone())
+        .delete(&host_name, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes Machine `machine` ([`delete_machine_and_node`]) and waits until its host is back in
+/// the pool: no claim, kubelet stopped, kubeadm uninstalled.
+async fn release(bed: &mut Bed, machine: &str, host_idx: usize) -> anyhow::Result<()> {
+    let host_name = bed.host(host_idx).name().to_string();
+    delete_machine_and_node(bed, machine, host_idx).await?;
     let free = bed.wait_host_phase(&host_name, "Available", 60).await?;
     ensure!(
         free.spec.claim.is_none(),
@@ -725,9 +741,6 @@ async fn release(bed: &mut Bed, machine: &str, host_idx: usize) -> anyhow::Resul
             .success(),
         "kubeadm still installed after the release"
     );
-    Api::<Node>::all(bed.admin.clone())
-        .delete(&host_name, &DeleteParams::default())
-        .await?;
     bed.phases.done(&format!(
         "{machine}: deleted, host reset, uninstalled, Available"
     ));
@@ -905,17 +918,20 @@ async fn faults(bed: &mut Bed) -> anyhow::Result<()> {
     bed.phases
         .done("kill-join: Machine deleted, host reset and Available");
 
-    // 3. The API server restarts while kubeadm join runs: discovery and the kubelet's TLS
-    //    bootstrap retry, the agent reports when it is back.
-    bed.create_machine("e2e", "api-restart", "a").await?;
-    wait_process(bed.host(0), "kubeadm join", 240).await?;
+    // 3. The API server goes down while the host installs and stays down for 20 s, so
+    //    `kubeadm join` starts during the outage: its discovery retries until the API server is
+    //    back, the kubelet's TLS bootstrap follows, and the agent reports once it can. (An
+    //    outage in the middle of the join makes kubeadm fail fast; that ends like kill-join:
+    //    the host reports BootstrapFailed and deleting the Machine resets it.)
+    bed.create_machine("e2e", "api-down", "a").await?;
+    bed.wait_host_phase(&name, "Installing", 60).await?;
     let cp = bed.cp.clone();
-    tokio::task::spawn_blocking(move || cp.restart_apiserver(10)).await??;
+    tokio::task::spawn_blocking(move || cp.restart_apiserver(20)).await??;
     bed.admin = bed.cp.client().await?;
     bed.phases
-        .done("api-restart: API server down 10 s during kubeadm join");
-    wait_joined(bed, "api-restart", 0).await?;
-    release(bed, "api-restart", 0).await?;
+        .done("api-down: API server down 20 s from the install on");
+    wait_joined(bed, "api-down", 0).await?;
+    release(bed, "api-down", 0).await?;
 
     // 4. Two Machines for one free host: one claims it, the other waits; when the first is
     //    deleted, the second gets the host.
@@ -957,7 +973,9 @@ async fn faults(bed: &mut Bed) -> anyhow::Result<()> {
     bed.phases
         .done("twins: one claimed the host, the other waits");
     wait_joined(bed, winner, 0).await?;
-    release(bed, winner, 0).await?;
+    // Released, the host goes straight to the waiting twin.
+    delete_machine_and_node(bed, winner, 0).await?;
+    bed.phases.done(&format!("{winner}: deleted, host reset"));
     wait_joined(bed, loser, 0).await?;
     release(bed, loser, 0).await?;
     let diff = agent::snapshot_diff(&before, &agent::snapshot(bed.host(0)).await?);
