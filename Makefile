@@ -4,6 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG_DIR := controller/config
 
+.PHONY: e2e demo demo-down
 .PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean packages image lint-packages release check-links
 
 all: build
@@ -24,6 +25,19 @@ test-unit:
 ## test-integration: starts the test bed (control plane, host image), runs tests/, stops it
 test-integration:
 	tests/run
+
+## e2e: only the end-to-end test (docs/e2e.md): a real `kubeadm join` of a host running the
+## packaged agent, driven by a Machine, and its release; `make test` runs it with the rest
+e2e: packages
+	tests/run $(CARGO) test -p byoh-tests --test e2e -- --nocapture
+
+## demo: control plane, controller, two hosts and a cluster with one joined worker, narrated;
+## left running (docs/e2e.md). demo-down stops it.
+demo:
+	tests/demo/up
+
+demo-down:
+	tests/demo/down
 
 ## bench: speed and memory figures on the real test bed (release builds); prints one line each
 bench:
