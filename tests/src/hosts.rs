@@ -494,6 +494,40 @@ impl Host {
             .to_string())
     }
 
+    /// Powers the host off but keeps its disk (`tests/hosts/stop NAME --keep-state`), as a
+    /// machine that is switched off; [`Host::power_on`] starts it again.
+    ///
+    /// Errors when the stop script fails.
+    pub async fn power_off(&self) -> anyhow::Result<()> {
+        self.script(&["stop", &self.name, "--keep-state"]).await
+    }
+
+    /// Starts a host powered off by [`Host::power_off`] with its disk as it was
+    /// (`tests/hosts/boot NAME --resume`); returns when systemd inside is up.
+    ///
+    /// Errors when the boot script fails.
+    pub async fn power_on(&self) -> anyhow::Result<()> {
+        self.script(&["boot", &self.name, "--resume"]).await
+    }
+
+    async fn script(&self, args: &[&str]) -> anyhow::Result<()> {
+        let out = Command::new(scripts_dir().join(args[0]))
+            .args(&args[1..])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .with_context(|| format!("running tests/hosts/{}", args.join(" ")))?;
+        if !out.status.success() {
+            bail!(
+                "tests/hosts/{} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim_end()
+            );
+        }
+        Ok(())
+    }
+
     /// Powers the host off and removes its overlay and state (`tests/hosts/stop`).
     ///
     /// Errors when the stop script fails (it then says what is left behind).

@@ -984,6 +984,41 @@ async fn faults(bed: &mut Bed) -> anyhow::Result<()> {
         "diff after the twins:\n{}",
         diff.join("\n")
     );
+
+    // 5. A joined host is switched off, its Machine deleted (its Lease expires: the controller
+    //    releases it at once and marks it needsCleanup), then switched on again: the agent
+    //    cleans it up (reset, uninstall) before it is offered again.
+    bed.create_machine("e2e", "off-on", "a").await?;
+    wait_joined(bed, "off-on", 0).await?;
+    bed.host(0).power_off().await?;
+    bed.phases.done("off-on: joined host switched off");
+    delete_machine_and_node(bed, "off-on", 0).await?;
+    let hosts = bed.byohosts();
+    let marked = hosts.get(&name).await?;
+    ensure!(
+        marked.spec.claim.is_none() && marked.spec.needs_cleanup.is_some(),
+        "a released host that was off must be marked needsCleanup: {:?}",
+        marked.spec
+    );
+    bed.phases
+        .done("off-on: Machine deleted, host released and marked needsCleanup");
+    bed.host(0).power_on().await?;
+    prepare_for_kubelet(bed.host(0)).await?;
+    wait_for(
+        "the host cleaned and offered again",
+        Duration::from_secs(180),
+        || async {
+            Ok(hosts.get_opt(&name).await?.filter(|h| {
+                h.spec.needs_cleanup.is_none()
+                    && h.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available")
+            }))
+        },
+    )
+    .await?;
+    let diff = agent::snapshot_diff(&before, &agent::snapshot(bed.host(0)).await?);
+    ensure!(diff.is_empty(), "diff after off-on:\n{}", diff.join("\n"));
+    bed.phases
+        .done("off-on: switched on, cleaned itself, Available");
     Ok(())
 }
 
