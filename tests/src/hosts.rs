@@ -106,11 +106,7 @@ pub fn available() -> bool {
     let Some(reason) = unavailable_reason() else {
         return true;
     };
-    if crate::test_bed_required() {
-        panic!("{reason}; BYOH_TEST_REQUIRE_ALL=1 requires test hosts");
-    }
-    // Straight to stderr, not eprintln!: the test harness would hide captured output.
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
+    crate::missing_part(&reason);
     false
 }
 

@@ -21,3 +21,14 @@ pub mod kubeadm;
 pub fn test_bed_required() -> bool {
     std::env::var_os("BYOH_TEST_REQUIRE_ALL").is_some_and(|v| v == "1")
 }
+
+/// A part of the test bed is missing (`reason` says which and how to get it): under
+/// `make test` ([`test_bed_required`]) this panics; otherwise it prints `SKIPPED: <reason>`
+/// straight to stderr (the harness would hide captured output) and the caller returns.
+pub fn missing_part(reason: &str) {
+    if test_bed_required() {
+        panic!("{reason}; BYOH_TEST_REQUIRE_ALL=1 (make test) requires it");
+    }
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
+}
