@@ -494,12 +494,16 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         Ok(self.state.save(state)?)
     }
 
+    /// Records the claim as failed and reports phase `Failed` with `Ready` and
+    /// `BootstrapSucceeded` false, plus `also` (more conditions), in one status write so a
+    /// reader never sees the phase without its conditions.
     async fn fail(
         &self,
         host: &ByoHost,
         state: &mut HostState,
         reason: &str,
         message: String,
+        also: &[(&str, bool, &str, &str)],
     ) -> Result<(), WorkError> {
         tracing::warn!(
             byoh_phase = phase::FAILED,
@@ -514,16 +518,12 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         }
         self.save(state)?;
         notify::status(&format!("Bootstrap failed: {message}"));
-        self.report(
-            host,
-            phase::FAILED,
-            state,
-            &[
-                (types::READY, false, reason, &message),
-                (types::BOOTSTRAP_SUCCEEDED, false, reason, &message),
-            ],
-        )
-        .await
+        let mut set = vec![
+            (types::READY, false, reason, message.as_str()),
+            (types::BOOTSTRAP_SUCCEEDED, false, reason, message.as_str()),
+        ];
+        set.extend_from_slice(also);
+        self.report(host, phase::FAILED, state, &set).await
     }
 
     async fn bootstrap(
@@ -561,7 +561,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 "the agent stopped during {step}, which must not run twice; release the host (delete the Machine) to reset it"
             );
             return self
-                .fail(host, state, reasons::BOOTSTRAP_FAILED, message)
+                .fail(host, state, reasons::BOOTSTRAP_FAILED, message, &[])
                 .await;
         }
         notify::status(&format!(
@@ -639,6 +639,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         state,
                         reasons::BOOTSTRAP_DATA_INVALID,
                         format!("bootstrap data refused before anything ran: {e}"),
+                        &[],
                     )
                     .await;
             }
@@ -704,8 +705,20 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                             installer_ref.name
                         );
                         self.record_finish(state, &step, Err(message.clone()))?;
+                        let installed = message.clone();
                         return self
-                            .fail(host, state, reasons::INSTALLATION_FAILED, message)
+                            .fail(
+                                host,
+                                state,
+                                reasons::INSTALLATION_FAILED,
+                                message,
+                                &[(
+                                    types::K8S_COMPONENTS_INSTALLED,
+                                    false,
+                                    reasons::INSTALLATION_FAILED,
+                                    &installed,
+                                )],
+                            )
                             .await;
                     };
                     let request = crate::installer::InstallRequest {
@@ -763,20 +776,20 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                                     "{e}; reverting what the install had changed failed too ({undo}); releasing the host retries it"
                                 ),
                             };
-                            self.report(
-                                host,
-                                phase::FAILED,
-                                state,
-                                &[(
-                                    types::K8S_COMPONENTS_INSTALLED,
-                                    false,
-                                    reasons::INSTALLATION_FAILED,
-                                    &message,
-                                )],
-                            )
-                            .await?;
+                            let installed = message.clone();
                             return self
-                                .fail(host, state, reasons::INSTALLATION_FAILED, message)
+                                .fail(
+                                    host,
+                                    state,
+                                    reasons::INSTALLATION_FAILED,
+                                    message,
+                                    &[(
+                                        types::K8S_COMPONENTS_INSTALLED,
+                                        false,
+                                        reasons::INSTALLATION_FAILED,
+                                        &installed,
+                                    )],
+                                )
                                 .await;
                         }
                     }
@@ -828,7 +841,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         Err(e) => {
                             self.record_finish(state, &step, Err(e.to_string()))?;
                             return self
-                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string())
+                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])
                                 .await;
                         }
                     }
@@ -849,14 +862,14 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         Err(e) => {
                             self.record_finish(state, &step, Err(e.to_string()))?;
                             return self
-                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string())
+                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])
                                 .await;
                         }
                     }
                 }
                 BootstrapStep::Sentinel => {
                     if !under(&self.settings.root, Path::new(SENTINEL)).exists() {
-                        return self.fail(host, state, reasons::BOOTSTRAP_FAILED, format!("every step succeeded but the CAPI sentinel {SENTINEL} is missing: the bootstrap data did not report success")).await;
+                        return self.fail(host, state, reasons::BOOTSTRAP_FAILED, format!("every step succeeded but the CAPI sentinel {SENTINEL} is missing: the bootstrap data did not report success"), &[]).await;
                     }
                 }
             }
