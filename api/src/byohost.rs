@@ -41,6 +41,14 @@ pub struct ByoHostSpec {
     /// clears the mark.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needs_cleanup: Option<NeedsCleanup>,
+
+    /// The CAPI Machine (name and UID) of the last claim, written when the claim is dropped and
+    /// cleared by the next claim. While that Machine still exists the controller does not hand
+    /// the host out again: Cluster API deletes a Machine's Node in the workload cluster, by name
+    /// (which is this host's), only after the ByoMachine is gone, so a host that joined again
+    /// before would lose its new Node or keep the old one with its old, immutable providerID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_machine_ref: Option<MachineReference>,
 }
 
 /// What the controller hands to a host when a ByoMachine claims it.
@@ -82,13 +90,14 @@ pub struct HostClaim {
     pub release_requested: bool,
 }
 
-/// Reference to the ByoMachine holding a claim.
+/// Reference to a machine object in the host's namespace: the ByoMachine holding a claim
+/// (`spec.claim.machineRef`) or the CAPI Machine of the last claim (`spec.previousMachineRef`).
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineReference {
-    /// Name of the ByoMachine (same namespace as the host).
+    /// Name of the object (same namespace as the host).
     pub name: String,
-    /// UID of the ByoMachine: a re-created ByoMachine of the same name is a different claim.
+    /// UID of the object: a re-created object of the same name is a different machine.
     pub uid: String,
 }
 

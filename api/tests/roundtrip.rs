@@ -67,6 +67,10 @@ fn byohost() {
                 machine_uid: "uid-0".into(),
                 reason: "ForcedRelease".into(),
             }),
+            previous_machine_ref: Some(MachineReference {
+                name: "m0".into(),
+                uid: "machine-uid-0".into(),
+            }),
         },
     );
     host.status = Some(ByoHostStatus {
@@ -314,6 +318,7 @@ fn byohost_uid_fields_use_the_uid_spelling() {
                 machine_uid: "u".into(),
                 reason: "r".into(),
             }),
+            previous_machine_ref: None,
         },
     );
     host.status = Some(ByoHostStatus {

@@ -85,12 +85,7 @@ fn host_key(ns: &str, name: &str) -> String {
 
 /// Name of the owner Machine: the controller ownerRef of kind `Machine` in `cluster.x-k8s.io`.
 pub fn owner_machine(bm: &ByoMachine) -> Option<String> {
-    bm.meta().owner_references.as_ref()?.iter().find_map(|r| {
-        (r.kind == "Machine"
-            && r.controller == Some(true)
-            && r.api_version.split('/').next() == Some(capi::GROUP))
-        .then(|| r.name.clone())
-    })
+    owner_machine_ref(bm).map(|m| m.name)
 }
 
 fn waiting_for_host(bm: &ByoMachine) -> bool {
@@ -103,6 +98,42 @@ fn infrastructure_of(machine: &Machine) -> Option<ObjectRef<ByoMachine>> {
     let ns = machine.namespace()?;
     let r = machine.spec.infrastructure_ref.as_ref()?;
     (r.kind == "ByoMachine").then(|| ObjectRef::new(&r.name).within(&ns))
+}
+
+/// Whether `machine` is gone from the Machine cache while a host of its namespace is held
+/// back for it (`spec.previousMachineRef` names its UID): that host is free now.
+fn releases_a_held_host(ctx: &Context, machine: &Machine) -> bool {
+    let (Some(ns), Some(uid)) = (machine.namespace(), machine.uid()) else {
+        return false;
+    };
+    let key = ObjectRef::new_with(&machine.name_any(), capi::machine_resource()).within(&ns);
+    if ctx
+        .machines
+        .get(&key)
+        .is_some_and(|m| m.uid().as_deref() == Some(uid.as_str()))
+    {
+        return false;
+    }
+    ctx.hosts.state().iter().any(|h| {
+        h.namespace().as_deref() == Some(ns.as_str())
+            && h.spec
+                .previous_machine_ref
+                .as_ref()
+                .is_some_and(|p| p.uid == uid)
+    })
+}
+
+/// The CAPI Machine owning `bm` (controller ownerRef of kind `Machine`), as name and UID.
+fn owner_machine_ref(bm: &ByoMachine) -> Option<MachineReference> {
+    bm.meta().owner_references.as_ref()?.iter().find_map(|r| {
+        (r.kind == "Machine"
+            && r.controller == Some(true)
+            && r.api_version.split('/').next() == Some(capi::GROUP))
+        .then(|| MachineReference {
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+    })
 }
 
 /// The shared caches' events the ByoMachine controller reacts to (see [`crate::run`]).
@@ -131,15 +162,27 @@ pub fn controller(
         kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
     );
     let store = controller.store();
-    let (by_cluster, by_host, by_lease) = (store.clone(), store.clone(), store);
-    let lease_ctx = ctx.clone();
+    let (by_cluster, by_host, by_lease, by_machine) =
+        (store.clone(), store.clone(), store.clone(), store);
+    let (lease_ctx, machine_ctx) = (ctx.clone(), ctx.clone());
     let each = |refs: Vec<ObjectRef<ByoMachine>>| futures::stream::iter(refs);
     controller
-        .reconcile_on(
-            events
-                .machines
-                .filter_map(|m| futures::future::ready(infrastructure_of(&m))),
-        )
+        .reconcile_on(events.machines.flat_map(move |m| {
+            // The Machine's own ByoMachine; and, once a Machine is gone, every ByoMachine
+            // waiting for a host if a host was held back for it (spec.previousMachineRef).
+            let mut refs: Vec<ObjectRef<ByoMachine>> = infrastructure_of(&m).into_iter().collect();
+            if releases_a_held_host(&machine_ctx, &m) {
+                let ns = m.namespace();
+                refs.extend(
+                    by_machine
+                        .state()
+                        .into_iter()
+                        .filter(|bm| bm.namespace() == ns && waiting_for_host(bm))
+                        .map(|bm| ObjectRef::from_obj(&*bm)),
+                );
+            }
+            each(refs)
+        }))
         .reconcile_on(events.clusters.flat_map(move |c| {
             let ns = c.namespace();
             let name = c.name_any();
@@ -541,6 +584,12 @@ async fn provision(
             claimed_at: None,
             release_requested: false,
         };
+        let machines = &ctx.machines;
+        let machine_exists = |m: &MachineReference| {
+            machines
+                .get(&ObjectRef::new_with(&m.name, capi::machine_resource()).within(&n.ns))
+                .is_some_and(|x| x.uid().as_deref() == Some(m.uid.as_str()))
+        };
         let req = Request {
             namespace: &n.ns,
             selector: bm.spec.selector.as_ref(),
@@ -549,6 +598,7 @@ async fn provision(
             kubernetes_version: machine.spec.version.as_deref(),
             failure_domain: machine.spec.failure_domain.as_deref(),
             cluster_name: &cluster_name,
+            machine_exists: Some(selection::MachineLookup(&machine_exists)),
         };
         match claim_host(ctx, &n, &req, &claim).await? {
             Claimed::Host(h) => {
@@ -797,6 +847,7 @@ async fn try_claim(
         claim.provider_id = provider_id(&name);
         claim.claimed_at = Some(Time(now()));
         host.spec.claim = Some(claim.clone());
+        host.spec.previous_machine_ref = None;
         let host_labels = host.labels_mut();
         host_labels.insert(labels::CLUSTER_NAME.into(), claim.cluster_name.clone());
         if claim.machine_ref.name.len() <= 63 {
@@ -862,7 +913,7 @@ async fn keep_one(
     let keep = ours.remove(0);
     for extra in ours {
         tracing::warn!(byomachine = %n.name, host = %extra.name_any(), kept = %keep.name_any(), "a concurrent claim took a second host for one ByoMachine; releasing it");
-        drop_claim(api, extra, &n.uid, None).await?;
+        drop_claim(api, extra, &n.uid, None, None).await?;
     }
     ctx.claims()
         .made
@@ -871,13 +922,15 @@ async fn keep_one(
 }
 
 /// Drops the claim of `machine_uid` from `host` (and its labels and release annotation),
-/// optionally marking the host `needsCleanup` with `reason`. Retries on conflict; a host that
-/// is gone or no longer claimed by `machine_uid` counts as released.
+/// optionally marking the host `needsCleanup` with `reason`, and records `previous` (the
+/// claim's CAPI Machine) as `spec.previousMachineRef`. Retries on conflict; a host that is
+/// gone or no longer claimed by `machine_uid` counts as released.
 async fn drop_claim(
     api: &Api<ByoHost>,
     host: ByoHost,
     machine_uid: &str,
     reason: Option<&str>,
+    previous: Option<&MachineReference>,
 ) -> Result<(), Error> {
     let name = host.name_any();
     let mut host = host;
@@ -886,6 +939,9 @@ async fn drop_claim(
             return Ok(());
         }
         host.spec.claim = None;
+        if previous.is_some() {
+            host.spec.previous_machine_ref = previous.cloned();
+        }
         if let Some(reason) = reason {
             host.spec.needs_cleanup = Some(NeedsCleanup {
                 machine_uid: machine_uid.into(),
@@ -934,6 +990,7 @@ async fn release(
     status: &mut ByoMachineStatus,
 ) -> Result<Option<Action>, Error> {
     let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &n.ns);
+    let previous = owner_machine_ref(bm);
     // The host: by status.hostRef, else any cached host claimed for this UID; read fresh.
     let candidate = match &status.host_ref {
         Some(r) => Some(r.name.clone()),
@@ -960,7 +1017,14 @@ async fn release(
                 })
                 .collect();
             for h in others {
-                drop_claim(&api, (*h).clone(), &n.uid, Some(reasons::FORCED_RELEASE)).await?;
+                drop_claim(
+                    &api,
+                    (*h).clone(),
+                    &n.uid,
+                    Some(reasons::FORCED_RELEASE),
+                    previous.as_ref(),
+                )
+                .await?;
             }
             ctx.claims().made.remove(&n.uid);
             return Ok(None);
@@ -976,7 +1040,7 @@ async fn release(
         .and_then(|s| s.cleaned_machine_uid.as_deref())
         == Some(n.uid.as_str());
     if cleaned {
-        drop_claim(&api, host, &n.uid, None).await?;
+        drop_claim(&api, host, &n.uid, None, previous.as_ref()).await?;
         tracing::info!(byomachine = %n.name, host = %host_name, "host cleaned by the agent; claim dropped");
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
@@ -1002,7 +1066,7 @@ async fn release(
     };
     if let Some(reason) = reason {
         tracing::info!(byomachine = %n.name, host = %host_name, reason, "dropping the claim without a confirmed clean-up; host marked needsCleanup");
-        drop_claim(&api, host, &n.uid, Some(reason)).await?;
+        drop_claim(&api, host, &n.uid, Some(reason), previous.as_ref()).await?;
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
     }

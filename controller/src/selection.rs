@@ -9,6 +9,7 @@
 //! itself is made safe by the API server's optimistic concurrency, not by this choice.
 
 use byoh_api::ByoHost;
+use byoh_api::byohost::MachineReference;
 use byoh_api::labels;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -36,6 +37,20 @@ pub struct Request<'a> {
     pub failure_domain: Option<&'a str>,
     /// Name of the cluster, for spreading over failure domains.
     pub cluster_name: &'a str,
+    /// Whether a CAPI Machine exists in the namespace (by name and UID): a host whose
+    /// `spec.previousMachineRef` still exists is held back. `None` holds no host.
+    pub machine_exists: Option<MachineLookup<'a>>,
+}
+
+/// Answers whether the CAPI Machine a reference names (name and UID, in the request's
+/// namespace) exists, from the controller's Machine cache.
+#[derive(Clone, Copy)]
+pub struct MachineLookup<'a>(pub &'a (dyn Fn(&MachineReference) -> bool + Send + Sync));
+
+impl std::fmt::Debug for MachineLookup<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MachineLookup")
+    }
 }
 
 /// Why a host may not be handed out.
@@ -49,6 +64,9 @@ pub enum Rejection {
     Claimed,
     /// The host was released without a confirmed clean-up (`spec.needsCleanup`).
     NeedsCleanup,
+    /// The CAPI Machine of the host's last claim (`spec.previousMachineRef`) still exists, so
+    /// its Node (named after the host) may not have been deleted yet.
+    PreviousMachineExists,
     /// The host has no Lease.
     NoLease,
     /// The host's Lease expired (`renewTime + leaseDurationSeconds <= now`).
@@ -139,6 +157,12 @@ pub fn eligibility(
     }
     if host.spec.needs_cleanup.is_some() {
         return Err(Rejection::NeedsCleanup);
+    }
+    if let (Some(previous), Some(MachineLookup(exists))) =
+        (&host.spec.previous_machine_ref, req.machine_exists)
+        && exists(previous)
+    {
+        return Err(Rejection::PreviousMachineExists);
     }
     let Some(lease) = lease else {
         return Err(Rejection::NoLease);
@@ -314,6 +338,7 @@ mod tests {
         deleting: bool,
         namespace: &'static str,
         preflight_failed: bool,
+        previous_machine: Option<&'static str>,
     }
 
     fn h(name: &'static str) -> H {
@@ -327,6 +352,7 @@ mod tests {
             deleting: false,
             namespace: "ns",
             preflight_failed: false,
+            previous_machine: None,
         }
     }
 
@@ -347,6 +373,10 @@ mod tests {
                     needs_cleanup: self.needs_cleanup.then(|| NeedsCleanup {
                         machine_uid: "u".into(),
                         reason: "ForcedRelease".into(),
+                    }),
+                    previous_machine_ref: self.previous_machine.map(|uid| MachineReference {
+                        name: "m-old".into(),
+                        uid: uid.into(),
                     }),
                 },
             );
@@ -418,6 +448,15 @@ mod tests {
             namespace: "ns",
             cluster_name: "c1",
             ..Default::default()
+        }
+    }
+
+    /// A request whose Machine cache holds Machine `m-old` with UID `uid-live`.
+    fn machines() -> Request<'static> {
+        static LIVE: fn(&MachineReference) -> bool = |m| m.name == "m-old" && m.uid == "uid-live";
+        Request {
+            machine_exists: Some(MachineLookup(&LIVE)),
+            ..req()
         }
     }
 
@@ -507,6 +546,42 @@ mod tests {
                 },
                 req(),
                 Err(Rejection::NeedsCleanup),
+            ),
+            (
+                "previous Machine still exists",
+                H {
+                    previous_machine: Some("uid-live"),
+                    ..h("a")
+                },
+                machines(),
+                Err(Rejection::PreviousMachineExists),
+            ),
+            (
+                "previous Machine gone",
+                H {
+                    previous_machine: Some("uid-gone"),
+                    ..h("a")
+                },
+                machines(),
+                Ok(()),
+            ),
+            (
+                "previous Machine re-created under its name (another UID)",
+                H {
+                    previous_machine: Some("uid-old"),
+                    ..h("a")
+                },
+                machines(),
+                Ok(()),
+            ),
+            (
+                "no Machine lookup holds nothing",
+                H {
+                    previous_machine: Some("uid-live"),
+                    ..h("a")
+                },
+                req(),
+                Ok(()),
             ),
             (
                 "no lease",

@@ -326,6 +326,13 @@ async fn happy_path_claim_provision_and_normal_release() {
         host.spec.needs_cleanup.is_none(),
         "a confirmed clean-up leaves no mark"
     );
+    let m1 = machines(&client, &n).get("m1").await.unwrap();
+    let previous = host.spec.previous_machine_ref.clone().unwrap();
+    assert_eq!(
+        (previous.name.as_str(), Some(previous.uid.as_str())),
+        ("m1", m1.uid().as_deref()),
+        "the claim's CAPI Machine is remembered"
+    );
     assert!(!host.labels().contains_key(labels::CLUSTER_NAME));
     assert!(!host.labels().contains_key(labels::MACHINE_NAME));
     assert!(
@@ -347,6 +354,36 @@ async fn happy_path_claim_provision_and_normal_release() {
         },
     )
     .await;
+
+    // The host is not handed out while Machine m1 exists (CAPI deletes m1's Node, named after
+    // the host, only after its ByoMachine is gone); m1's deletion frees it at once.
+    create_machine(&client, &n, "c1", "m2", &MachineOpts::ready()).await;
+    let bm2 = eventually("m2 waits: host held for m1", T, || async {
+        let bm = get_bm(&client, &n, "m2").await?;
+        (bm_condition(&bm, "HostClaimed") == Some(("False".into(), "NoHostAvailable".into())))
+            .then_some(bm)
+    })
+    .await;
+    let msg = condition(&bm2.status.unwrap().conditions, "HostClaimed")
+        .unwrap()
+        .message
+        .clone();
+    assert!(msg.contains("1 PreviousMachineExists"), "{msg}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(get_host(&client, &n, "host-1").await.spec.claim.is_none());
+    machines(&client, &n)
+        .delete("m1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let host = eventually("m2 claims the host once m1 is gone", T, || async {
+        let h = get_host(&client, &n, "host-1").await;
+        (h.claimed_by()? == get_bm(&client, &n, "m2").await?.uid()?).then_some(h)
+    })
+    .await;
+    assert!(
+        host.spec.previous_machine_ref.is_none(),
+        "a claim clears the previous Machine"
+    );
     finish(&client, ns, vec![ctl]).await;
 }
 

@@ -40,6 +40,7 @@ fn spec(c: Option<HostClaim>, needs: Option<&str>) -> ByoHostSpec {
             machine_uid: u.into(),
             reason: "ForcedRelease".into(),
         }),
+        previous_machine_ref: None,
     }
 }
 
