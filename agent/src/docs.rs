@@ -310,8 +310,9 @@ pub fn agent_md() -> String {
     s.push_str("`byoh-agent doctor` runs them on demand; the running agent runs them before it offers the host and\nagain every ");
     let _ = write!(
         s,
-        "{}s. Its result is the ByoHost condition `{}` (`False` with reason `{}` and the failing checks\nand fixes in the message); while it is `False` the controller does not hand the host out.\nA problem the installer repairs during a claim (swap, kernel modules, sysctls, a stopped containerd)\nis a warning, unless `host.skip_installation = true` says nothing will repair it: then it fails.\n\n",
+        "{}s (a report that fails is retried after {}s). Its result is the ByoHost condition `{}` (`False` with reason `{}` and the failing checks\nand fixes in the message); while it is `False` the controller does not hand the host out.\nA problem the installer repairs during a claim (swap, kernel modules, sysctls, a stopped containerd)\nis a warning, unless `host.skip_installation = true` says nothing will repair it: then it fails.\n\n",
         crate::doctor::RECHECK_INTERVAL.as_secs(),
+        crate::reconcile::PREFLIGHT_REPORT_RETRY.as_secs(),
         byoh_api::conditions::types::PREFLIGHT_CHECKS_PASSED,
         byoh_api::conditions::reasons::PREFLIGHT_CHECKS_FAILED
     );

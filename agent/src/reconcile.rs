@@ -492,9 +492,12 @@ async fn report_preflight(
     }
 }
 
+/// How soon the preflight checks run again after their report failed (API unreachable, time-out).
+pub const PREFLIGHT_REPORT_RETRY: Duration = Duration::from_secs(5);
+
 /// Repeats the preflight checks every [`doctor::RECHECK_INTERVAL`] and reports them when a
-/// check's result changes (or the last report failed). `reported` holds the checks last
-/// applied, if that succeeded.
+/// check's result changes (or the last report failed; then again after
+/// [`PREFLIGHT_REPORT_RETRY`]). `reported` holds the checks last applied, if that succeeded.
 async fn preflight_loop(
     settings: Settings,
     client: kube::Client,
@@ -509,8 +512,14 @@ async fn preflight_loop(
             .map(|c| (c.name.clone(), c.severity))
             .collect()
     };
+    let mut wait = if reported.is_some() {
+        doctor::RECHECK_INTERVAL
+    } else {
+        PREFLIGHT_REPORT_RETRY
+    };
     loop {
-        tokio::time::sleep(doctor::RECHECK_INTERVAL).await;
+        tokio::time::sleep(wait).await;
+        wait = doctor::RECHECK_INTERVAL;
         let checks =
             doctor::run_checks(&settings, Path::new("/"), Some(&client), Some(&systemd)).await;
         if reported.as_deref().map(key) == Some(key(&checks)) {
@@ -530,6 +539,7 @@ async fn preflight_loop(
             reported = Some(checks);
         } else {
             reported = None;
+            wait = PREFLIGHT_REPORT_RETRY;
         }
     }
 }

@@ -98,7 +98,9 @@ pub const AGGREGATE_ROLE: &str = "byoh-aggregate-to-capi-manager";
 pub const DEPLOYMENT: &str = "byoh-controller-manager";
 /// Port of `/metrics`, `/healthz` and `/readyz`.
 pub const METRICS_PORT: i32 = 8080;
-/// Default controller image (`${BYOH_CONTROLLER_IMAGE}` overrides it).
+/// The controller image of the Deployment, a literal as in every Cluster API provider:
+/// clusterctl parses it to apply image overrides (`images: infrastructure-byoh: repository:`
+/// in `clusterctl.yaml`, for a mirror), which a `${VAR}` image would break.
 pub const DEFAULT_IMAGE: &str = concat!(
     "ghcr.io/byoh-rs/byoh-controller:v",
     env!("CARGO_PKG_VERSION")
@@ -107,11 +109,6 @@ pub const DEFAULT_IMAGE: &str = concat!(
 /// The clusterctl variables of `infrastructure-components.yaml`, with their defaults and
 /// meaning. `${VAR:=default}` in the file; listed in the file's header comment too.
 pub const COMPONENT_VARIABLES: &[(&str, &str, &str)] = &[
-    (
-        "BYOH_CONTROLLER_IMAGE",
-        DEFAULT_IMAGE,
-        "controller image (a mirror, or a digest pin)",
-    ),
     (
         "BYOH_WATCH_NAMESPACE",
         "",
@@ -360,7 +357,7 @@ pub fn deployment() -> Deployment {
     let quantity = |s: &str| Quantity(s.into());
     let container = Container {
         name: "manager".into(),
-        image: Some(format!("${{BYOH_CONTROLLER_IMAGE:={DEFAULT_IMAGE}}}")),
+        image: Some(DEFAULT_IMAGE.into()),
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec!["/usr/bin/byoh-controller".into()]),
         args: Some(vec![
@@ -553,11 +550,14 @@ pub fn admission_files() -> Result<Vec<(String, String)>, ManifestError> {
 
 fn components_header() -> String {
     let mut h = String::from(
-        "# BYOH infrastructure provider components for clusterctl (clusterctl init --infrastructure byoh)\n# or `kubectl apply` after substituting the variables. Variables (${VAR:=default}):\n",
+        "# BYOH infrastructure provider components for clusterctl (clusterctl init --infrastructure byoh)\n# or `kubectl apply` after substituting the variables. Variables (clusterctl substitutes them; each has a default):\n",
     );
     for (name, default, what) in COMPONENT_VARIABLES {
         h.push_str(&format!("#   {name} (default {default:?}): {what}\n"));
     }
+    h.push_str(&format!(
+        "# Image {DEFAULT_IMAGE}; for a mirror, clusterctl.yaml: images: {{infrastructure-byoh: {{repository: <registry/path>}}}}\n"
+    ));
     h
 }
 

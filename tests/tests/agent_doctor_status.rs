@@ -274,17 +274,27 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
             assert!(!c["fix"].as_str().unwrap_or("").is_empty(), "{c}");
         }
     }
-    let (_, _, message) = wait_for(
+    let periodic = wait_for(
         "the periodic check to report the expired certificate",
-        Duration::from_secs(90),
+        // The next periodic check is at most 60 s away; one more in case a report fails.
+        Duration::from_secs(150),
         || async {
             Ok(preflight_condition(&hosts_api, &name)
                 .await
                 .filter(|(_, _, m)| m.contains("certificate:")))
         },
     )
-    .await
-    .unwrap();
+    .await;
+    let (_, _, message) = match periodic {
+        Ok(found) => found,
+        Err(e) => {
+            let journal = host.journal_messages("byoh-agent.service").await;
+            panic!(
+                "{e}; byoh-agent's journal:\n{}",
+                journal.unwrap_or_default().join("\n")
+            );
+        }
+    };
     eprintln!("---- ByoHost condition after the periodic check ----\n{message}");
     assert!(message.contains("expired at 2020-01-02"), "{message}");
 

@@ -197,6 +197,61 @@ fn a_release_is_a_clusterctl_repository_that_clusterctl_accepts() {
     )
     .env("BYOH_WATCH_NAMESPACE", "pool-a"));
     assert!(scoped.contains("- --namespace=pool-a"));
+    // --describe parses the image without substituting variables (a `${VAR}` image fails).
+    let described = run(&mut clusterctl_cmd(
+        &bin,
+        &home,
+        &config,
+        &[
+            "generate",
+            "provider",
+            "--infrastructure",
+            &infra,
+            "--describe",
+        ],
+    ));
+    for want in [
+        "byoh-system",
+        "BYOH_WATCH_NAMESPACE",
+        &format!("ghcr.io/byoh-rs/byoh-controller:v{VERSION}"),
+    ] {
+        assert!(described.contains(want), "no {want} in:\n{described}");
+    }
+    let variables: Vec<&str> = described
+        .lines()
+        .skip_while(|l| !l.starts_with("Variables:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  - "))
+        .map(|l| l.trim_start_matches("  - "))
+        .collect();
+    let mut declared: Vec<&str> = byoh_controller::manifests::COMPONENT_VARIABLES
+        .iter()
+        .map(|(name, _, _)| *name)
+        .collect();
+    declared.sort_unstable();
+    assert_eq!(variables, declared, "clusterctl sees other variables");
+    // A mirror, the clusterctl way: an image override in clusterctl.yaml.
+    let mirrored_config = tmp.path().join("clusterctl-mirror.yaml");
+    std::fs::write(
+        &mirrored_config,
+        format!(
+            "{}images:\n  infrastructure-byoh:\n    repository: registry.example/mirror\n",
+            std::fs::read_to_string(&config).unwrap()
+        ),
+    )
+    .unwrap();
+    let mirrored = run(&mut clusterctl_cmd(
+        &bin,
+        &home,
+        &mirrored_config,
+        &["generate", "provider", "--infrastructure", &infra],
+    ));
+    assert!(
+        mirrored.contains(&format!(
+            "image: registry.example/mirror/byoh-controller:v{VERSION}"
+        )),
+        "image override not applied:\n{mirrored}"
+    );
 
     // generate cluster: the required variable is named when missing.
     let cluster_args = [
