@@ -584,11 +584,13 @@ async fn provision(
             claimed_at: None,
             release_requested: false,
         };
-        let machines = &ctx.machines;
+        let (machines, machines_known) = (&ctx.machines, ctx.machines_ready.is_ready());
+        // Before the Machine cache is filled, absence proves nothing: keep such hosts held.
         let machine_exists = |m: &MachineReference| {
-            machines
-                .get(&ObjectRef::new_with(&m.name, capi::machine_resource()).within(&n.ns))
-                .is_some_and(|x| x.uid().as_deref() == Some(m.uid.as_str()))
+            !machines_known
+                || machines
+                    .get(&ObjectRef::new_with(&m.name, capi::machine_resource()).within(&n.ns))
+                    .is_some_and(|x| x.uid().as_deref() == Some(m.uid.as_str()))
         };
         let req = Request {
             namespace: &n.ns,

@@ -145,6 +145,9 @@ pub struct Context {
     pub clusters: Store<crate::capi::Cluster>,
     /// Cache of CAPI Machines (as [`Context::clusters`]).
     pub machines: Store<crate::capi::Machine>,
+    /// Whether [`Context::machines`] holds its first full list: until then a Machine missing
+    /// from it may still exist, so hosts held for a previous Machine stay held.
+    pub machines_ready: CacheReady,
     /// In-process bookkeeping of claims (see [`Claims`]).
     pub claims: Mutex<Claims>,
 }
@@ -418,6 +421,11 @@ impl CacheReady {
         (Self(rx), raise)
     }
 
+    /// Whether the cache holds its first full list.
+    pub fn is_ready(&self) -> bool {
+        *self.0.borrow()
+    }
+
     /// Resolves once the cache holds its first full list (never, if its watch stopped
     /// before).
     pub async fn wait(&self) {
@@ -516,13 +524,35 @@ async fn run_controllers(
     let (leases, leases_writer) = reflector::store::<Lease>();
     let clusters_writer = reflector::store::Writer::new(crate::capi::cluster_resource());
     let machines_writer = reflector::store::Writer::new(crate::capi::machine_resource());
+    let (clusters, machines) = (clusters_writer.as_reader(), machines_writer.as_reader());
+    let (cluster_api, machine_api) = match &settings.namespace {
+        Some(ns) => (
+            crate::capi::clusters(client.clone(), ns),
+            crate::capi::machines(client.clone(), ns),
+        ),
+        None => (
+            Api::all_with(client.clone(), &crate::capi::cluster_resource()),
+            Api::all_with(client.clone(), &crate::capi::machine_resource()),
+        ),
+    };
+    let (cluster_cache, _) = cache_stream(
+        clusters_writer,
+        watcher(cluster_api, watch_config(&settings)),
+        "Cluster",
+    );
+    let (machine_cache, machines_ready) = cache_stream(
+        machines_writer,
+        watcher(machine_api, watch_config(&settings)),
+        "Machine",
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
         hosts,
         leases,
-        clusters: clusters_writer.as_reader(),
-        machines: machines_writer.as_reader(),
+        clusters,
+        machines,
+        machines_ready,
         claims: Mutex::new(Claims::default()),
         settings,
     });
@@ -571,27 +601,7 @@ async fn run_controllers(
     );
     let lease_cache = lease_cache.fold(lease_events, FanOut::publish);
 
-    let (cluster_api, machine_api) = match &ctx.settings.namespace {
-        Some(ns) => (
-            crate::capi::clusters(client.clone(), ns),
-            crate::capi::machines(client.clone(), ns),
-        ),
-        None => (
-            Api::all_with(client.clone(), &crate::capi::cluster_resource()),
-            Api::all_with(client.clone(), &crate::capi::machine_resource()),
-        ),
-    };
-    let (cluster_cache, _) = cache_stream(
-        clusters_writer,
-        watcher(cluster_api, ctx.watch_config()),
-        "Cluster",
-    );
     let cluster_cache = cluster_cache.fold(cluster_events, FanOut::publish);
-    let (machine_cache, _) = cache_stream(
-        machines_writer,
-        watcher(machine_api, ctx.watch_config()),
-        "Machine",
-    );
     let machine_cache = machine_cache.fold(machine_events, FanOut::publish);
 
     let gauges_ctx = ctx.clone();
