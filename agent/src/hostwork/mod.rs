@@ -526,6 +526,30 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         self.report(host, phase::FAILED, state, &set).await
     }
 
+    /// [`Self::fail`] for a failed installation: `InstallationFailed` on `Ready`,
+    /// `BootstrapSucceeded` and `K8sComponentsInstalled`, in one status write.
+    async fn fail_install(
+        &self,
+        host: &ByoHost,
+        state: &mut HostState,
+        message: String,
+    ) -> Result<(), WorkError> {
+        let installed = message.clone();
+        self.fail(
+            host,
+            state,
+            reasons::INSTALLATION_FAILED,
+            message,
+            &[(
+                types::K8S_COMPONENTS_INSTALLED,
+                false,
+                reasons::INSTALLATION_FAILED,
+                &installed,
+            )],
+        )
+        .await
+    }
+
     async fn bootstrap(
         &self,
         host: &ByoHost,
@@ -705,21 +729,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                             installer_ref.name
                         );
                         self.record_finish(state, &step, Err(message.clone()))?;
-                        let installed = message.clone();
-                        return self
-                            .fail(
-                                host,
-                                state,
-                                reasons::INSTALLATION_FAILED,
-                                message,
-                                &[(
-                                    types::K8S_COMPONENTS_INSTALLED,
-                                    false,
-                                    reasons::INSTALLATION_FAILED,
-                                    &installed,
-                                )],
-                            )
-                            .await;
+                        return self.fail_install(host, state, message).await;
                     };
                     let request = crate::installer::InstallRequest {
                         kubernetes_version,
@@ -776,21 +786,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                                     "{e}; reverting what the install had changed failed too ({undo}); releasing the host retries it"
                                 ),
                             };
-                            let installed = message.clone();
-                            return self
-                                .fail(
-                                    host,
-                                    state,
-                                    reasons::INSTALLATION_FAILED,
-                                    message,
-                                    &[(
-                                        types::K8S_COMPONENTS_INSTALLED,
-                                        false,
-                                        reasons::INSTALLATION_FAILED,
-                                        &installed,
-                                    )],
-                                )
-                                .await;
+                            return self.fail_install(host, state, message).await;
                         }
                     }
                 }
