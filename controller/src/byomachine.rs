@@ -106,12 +106,11 @@ fn releases_a_held_host(ctx: &Context, machine: &Machine) -> bool {
     let (Some(ns), Some(uid)) = (machine.namespace(), machine.uid()) else {
         return false;
     };
-    let key = ObjectRef::new_with(&machine.name_any(), capi::machine_resource()).within(&ns);
-    if ctx
-        .machines
-        .get(&key)
-        .is_some_and(|m| m.uid().as_deref() == Some(uid.as_str()))
-    {
+    let this = MachineReference {
+        name: machine.name_any(),
+        uid: uid.clone(),
+    };
+    if machine_cached(ctx, &ns, &this) {
         return false;
     }
     ctx.hosts.state().iter().any(|h| {
@@ -121,6 +120,13 @@ fn releases_a_held_host(ctx: &Context, machine: &Machine) -> bool {
                 .as_ref()
                 .is_some_and(|p| p.uid == uid)
     })
+}
+
+/// Whether the Machine cache holds Machine `m` (same name and UID) in namespace `ns`.
+fn machine_cached(ctx: &Context, ns: &str, m: &MachineReference) -> bool {
+    ctx.machines
+        .get(&ObjectRef::new_with(&m.name, capi::machine_resource()).within(ns))
+        .is_some_and(|x| x.uid().as_deref() == Some(m.uid.as_str()))
 }
 
 /// The CAPI Machine owning `bm` (controller ownerRef of kind `Machine`), as name and UID.
@@ -584,14 +590,10 @@ async fn provision(
             claimed_at: None,
             release_requested: false,
         };
-        let (machines, machines_known) = (&ctx.machines, ctx.machines_ready.is_ready());
+        let machines_known = ctx.machines_ready.is_ready();
         // Before the Machine cache is filled, absence proves nothing: keep such hosts held.
-        let machine_exists = |m: &MachineReference| {
-            !machines_known
-                || machines
-                    .get(&ObjectRef::new_with(&m.name, capi::machine_resource()).within(&n.ns))
-                    .is_some_and(|x| x.uid().as_deref() == Some(m.uid.as_str()))
-        };
+        let machine_exists =
+            |m: &MachineReference| !machines_known || machine_cached(ctx, &n.ns, m);
         let req = Request {
             namespace: &n.ns,
             selector: bm.spec.selector.as_ref(),
