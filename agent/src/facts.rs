@@ -121,7 +121,7 @@ pub fn debian_arch(machine: &str) -> String {
 /// [`FactsError::InvalidHostname`] saying why, with the hint to set `[host] name`.
 pub fn node_name(hostname: &str) -> Result<String, FactsError> {
     let lower = hostname.trim().to_ascii_lowercase();
-    crate::config::check_dns_subdomain(&lower).map_err(|reason| FactsError::InvalidHostname {
+    byoh_api::names::check_host_name(&lower).map_err(|reason| FactsError::InvalidHostname {
         hostname: hostname.into(),
         reason,
     })?;

@@ -17,6 +17,7 @@ pub mod crds;
 pub mod finalizers;
 pub mod installer;
 pub mod labels;
+pub mod names;
 
 pub use bootstrapkubeconfig::{
     BootstrapKubeconfig, BootstrapKubeconfigSpec, BootstrapKubeconfigStatus,

@@ -2,7 +2,11 @@
 //! ServiceAccount (so the generated RBAC is what it has): forged CSRs filed by a bootstrap
 //! token, by hosts and by an admin stay pending with a Warning Event naming the broken rule;
 //! the agent-shaped CSR is approved and signed, and the certificate authenticates as the host;
-//! the host renews with its own certificate.
+//! the host renews with its own certificate. PEM/DER forgeries that the API server and the signer
+//! read differently from a lenient parser (a malformed first block hiding a second one, headers,
+//! text around the block, other encodings) stay pending; one of them, approved by hand, shows that
+//! the signer would have issued the hidden block's `O=kubeadm:cluster-admins`. Every certificate
+//! the signer issues in this suite is compared with what the approver checked.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -91,16 +95,29 @@ fn request(f: &Forge) -> (String, String) {
     )
 }
 
-/// Files `f` as `client` under the name `name`; returns the key PEM.
-async fn file(client: &Client, name: &str, f: &Forge) -> String {
+/// Files `f` as `client` under the name `name`; returns `(request PEM, key PEM)`.
+async fn file(client: &Client, name: &str, f: &Forge) -> (String, String) {
     let (pem, key) = request(f);
+    file_text(client, name, f, pem.clone().into_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("creating CSR {name}: {e}"));
+    (pem, key)
+}
+
+/// Files `request` (any bytes) as `spec.request`, with `f`'s signer, usages and lifetime.
+async fn file_text(
+    client: &Client,
+    name: &str,
+    f: &Forge,
+    request: Vec<u8>,
+) -> Result<CertificateSigningRequest, kube::Error> {
     let csr = CertificateSigningRequest {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
             ..Default::default()
         },
         spec: CertificateSigningRequestSpec {
-            request: ByteString(pem.into_bytes()),
+            request: ByteString(request),
             signer_name: f.signer.into(),
             usages: Some(f.usages.iter().map(|s| s.to_string()).collect()),
             expiration_seconds: f.expiration,
@@ -111,8 +128,6 @@ async fn file(client: &Client, name: &str, f: &Forge) -> String {
     Api::<CertificateSigningRequest>::all(client.clone())
         .create(&PostParams::default(), &csr)
         .await
-        .unwrap_or_else(|e| panic!("creating CSR {name}: {e}"));
-    key
 }
 
 fn approved(csr: &CertificateSigningRequest) -> bool {
@@ -325,8 +340,9 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
 
     // The valid one, filed by the bootstrap token as the agent does.
     let valid_name = format!("byoh-{host}-{run}");
-    let key = file(&bootstrapper, &valid_name, &v()).await;
+    let (valid_request, key) = file(&bootstrapper, &valid_name, &v()).await;
     let cert = signed(&admin, &valid_name).await;
+    assert_signed_as_checked(&cert, &valid_request, &host);
     let as_host = cert_client(&cert, &key).await.unwrap();
     let (user, groups) = whoami(&as_host).await.unwrap();
     assert_eq!(user, format!("byoh:host:{host}"));
@@ -334,8 +350,10 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
 
     // Renewal with the host's own certificate is approved too.
     let renewal = format!("byoh-{host}-renew-{run}");
-    file(&as_host, &renewal, &v()).await;
-    signed(&admin, &renewal).await;
+    let (renewal_request, _) = file(&as_host, &renewal, &v()).await;
+    assert_signed_as_checked(&signed(&admin, &renewal).await, &renewal_request, &host);
+
+    names.extend(pem_forgeries(&admin, &bootstrapper, &run).await);
 
     // A bootstrap token may not take over a running host's identity: a ByoHost of that name
     // with a current Lease exists.
@@ -397,6 +415,15 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
         );
         assert!(!approved(&csrs.get(name).await.unwrap()), "{what} approved");
     }
+    // Signed => identical to what was checked: no CSR the approver refused got a certificate.
+    for name in &names {
+        let csr = csrs.get(name).await.unwrap();
+        let issued = csr.status.and_then(|s| s.certificate).map(|c| c.0);
+        assert!(
+            issued.is_none_or(|c| c.is_empty()),
+            "{name}: refused by the approver but signed"
+        );
+    }
 
     approver.abort();
     for name in names.iter().chain([&valid_name, &renewal]) {
@@ -443,4 +470,232 @@ async fn manual_approval_leaves_valid_csrs_pending(admin: &Client) {
     assert!(!approved(&csrs.get(&name).await.unwrap()));
     approver.abort();
     csrs.delete(&name, &DeleteParams::default()).await.unwrap();
+}
+
+/// The certificate the real signer issued (`cert_pem`) says exactly what the approver checked
+/// in `request_pem`: CN `byoh:host:<host>`, O `byoh:hosts` and nothing else in the subject, no
+/// SANs, client auth only, and the request's own public key.
+fn assert_signed_as_checked(cert_pem: &[u8], request_pem: &str, host: &str) {
+    use x509_parser::prelude::*;
+    let (_, cert_block) = x509_parser::pem::parse_x509_pem(cert_pem).unwrap();
+    let cert = cert_block.parse_x509().unwrap();
+    let (_, request_block) = x509_parser::pem::parse_x509_pem(request_pem.as_bytes()).unwrap();
+    let (_, request) = X509CertificationRequest::from_der(&request_block.contents).unwrap();
+
+    let subject: Vec<(String, String)> = cert
+        .subject()
+        .iter_attributes()
+        .map(|a| {
+            (
+                a.attr_type().to_id_string(),
+                a.as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut expected = vec![
+        ("2.5.4.3".to_string(), format!("byoh:host:{host}")),
+        ("2.5.4.10".to_string(), "byoh:hosts".to_string()),
+    ];
+    let mut got = subject.clone();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected, "subject of the issued certificate");
+    assert_eq!(
+        cert.public_key().raw,
+        request.certification_request_info.subject_pki.raw,
+        "the issued certificate certifies another key than the request's"
+    );
+    for ext in cert.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::SubjectAlternativeName(san) => {
+                panic!("issued certificate has SANs: {:?}", san.general_names)
+            }
+            ParsedExtension::ExtendedKeyUsage(eku) => {
+                assert!(eku.client_auth, "no client auth: {eku:?}");
+                assert!(
+                    !eku.server_auth
+                        && !eku.code_signing
+                        && !eku.email_protection
+                        && !eku.time_stamping
+                        && !eku.ocsp_signing
+                        && !eku.any
+                        && eku.other.is_empty(),
+                    "usages beyond client auth: {eku:?}"
+                );
+            }
+            ParsedExtension::KeyUsage(ku) => {
+                assert!(ku.digital_signature(), "{ku:?}");
+                assert!(
+                    !ku.key_cert_sign() && !ku.crl_sign() && !ku.non_repudiation(),
+                    "{ku:?}"
+                );
+            }
+            ParsedExtension::BasicConstraints(bc) => assert!(!bc.ca, "a CA certificate"),
+            _ => {}
+        }
+    }
+}
+
+/// PEM/DER forgeries of the agent's request, filed by the bootstrap token: texts that Go's
+/// `pem.Decode` (the API server's validation and the signer) reads differently from a lenient
+/// parser, or that are not the one canonical block. Each is either refused by the API server
+/// at create (Go finds no valid request in it) or left pending by the approver. The first one,
+/// approved by hand, shows what was at stake: the signer issues the hidden second block. Returns
+/// the names of the CSRs created (all refused by the approver; the caller checks their Events
+/// and that none got a certificate).
+async fn pem_forgeries(admin: &Client, bootstrapper: &Client, run: &str) -> Vec<String> {
+    use base64::Engine as _;
+    let host = format!("pem-{run}");
+    let (good, _) = request(&valid(&host));
+    let (evil, _) = request(&Forge {
+        orgs: vec!["kubeadm:cluster-admins"],
+        ..valid(&host)
+    });
+    let body = |pem: &str| {
+        pem.lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body(&good).replace('\n', ""))
+        .unwrap();
+    let wrap = |der: &[u8], width: usize, eol: &str| {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        let lines: Vec<&str> = b64
+            .as_bytes()
+            .chunks(width)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        format!(
+            "-----BEGIN CERTIFICATE REQUEST-----{eol}{}{eol}-----END CERTIFICATE REQUEST-----{eol}",
+            lines.join(eol)
+        )
+    };
+    let mut der_trailing = der.clone();
+    der_trailing.extend_from_slice(&[0x05, 0x00]);
+    let forgeries: Vec<(&str, String)> = vec![
+        (
+            "begin-extra-char",
+            format!(
+                "{}{evil}",
+                good.replacen("REQUEST-----", "REQUEST-----x", 1)
+            ),
+        ),
+        (
+            "end-other-type",
+            format!(
+                "{}{evil}",
+                good.replace("END CERTIFICATE REQUEST", "END CERTIFICATE")
+            ),
+        ),
+        ("evil-first", format!("{evil}{good}")),
+        ("two-blocks", format!("{good}{evil}")),
+        ("blank-lines-then-evil", format!("{good}\n\n{evil}")),
+        ("text-before", format!("explanatory text\n{good}")),
+        ("text-after", format!("{good}trailing text\n")),
+        (
+            "headers",
+            good.replacen(
+                "REQUEST-----\n",
+                "REQUEST-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\n",
+                1,
+            ),
+        ),
+        (
+            "cert-block-after",
+            format!(
+                "{good}-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+                body(&evil)
+            ),
+        ),
+        (
+            "begin-trailing-spaces",
+            good.replacen("REQUEST-----\n", "REQUEST-----  \n", 1),
+        ),
+        ("wrapped-76", wrap(&der, 76, "\n")),
+        ("crlf", wrap(&der, 64, "\r\n")),
+        ("der-trailing-bytes", wrap(&der_trailing, 64, "\n")),
+        (
+            "other-label",
+            good.replace("CERTIFICATE REQUEST", "NEW CERTIFICATE REQUEST"),
+        ),
+    ];
+    assert!(forgeries.len() >= 10);
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+    let mut created = Vec::new();
+    for (what, text) in &forgeries {
+        let name = format!("byoh-pem-{what}-{run}");
+        match file_text(
+            bootstrapper,
+            &name,
+            &valid(&host),
+            text.clone().into_bytes(),
+        )
+        .await
+        {
+            Ok(_) => created.push((*what, name)),
+            // Go found no valid request in it: nothing can be signed.
+            Err(kube::Error::Api(s)) if s.code == 422 => {}
+            Err(e) => panic!("{what}: creating the CSR failed otherwise: {e}"),
+        }
+    }
+    // The ones Go reads as the hidden block, or reads at all, reach the approver.
+    for must in [
+        "begin-extra-char",
+        "end-other-type",
+        "two-blocks",
+        "headers",
+    ] {
+        assert!(
+            created.iter().any(|(w, _)| *w == must),
+            "{must}: the API server refused it, so the test no longer shows the attack"
+        );
+    }
+    for (what, name) in &created {
+        let note = eventually(
+            &format!("a Warning Event on CSR {name} ({what})"),
+            Duration::from_secs(30),
+            || warning_for(admin, name),
+        )
+        .await;
+        assert!(note.contains("exactly one PEM block"), "{what}: {note}");
+        assert!(!approved(&csrs.get(name).await.unwrap()), "{what} approved");
+    }
+
+    // What the approver stood in the way of: approved by hand, the first forgery is signed as
+    // its hidden second block, with the cluster-admins group.
+    let (_, attack) = &created[0];
+    let mut csr = csrs.get(attack).await.unwrap();
+    csr.status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(
+            k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition {
+                type_: "Approved".into(),
+                status: "True".into(),
+                reason: Some("TestShowsTheAttack".into()),
+                ..Default::default()
+            },
+        );
+    csrs.replace_subresource("approval", attack, &PostParams::default(), &csr)
+        .await
+        .unwrap();
+    let cert = signed(admin, attack).await;
+    let (_, block) = x509_parser::pem::parse_x509_pem(&cert).unwrap();
+    let orgs: Vec<String> = block
+        .parse_x509()
+        .unwrap()
+        .subject()
+        .iter_organization()
+        .map(|o| o.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        orgs,
+        ["kubeadm:cluster-admins"],
+        "the signer read another block"
+    );
+    csrs.delete(attack, &DeleteParams::default()).await.unwrap();
+    created.into_iter().skip(1).map(|(_, n)| n).collect()
 }

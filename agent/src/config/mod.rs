@@ -447,7 +447,7 @@ impl Merged {
         };
 
         let host_name = self.name.map(|v| {
-            if let Err(m) = check_dns_subdomain(&v.value) {
+            if let Err(m) = check_host_name(&v.value) {
                 bad(&v.origin, "host.name", m);
             }
             v.value
@@ -592,40 +592,7 @@ pub fn load(main: &Path, overrides: Overrides) -> Result<Settings, ConfigError> 
     }
 }
 
-/// Checks an RFC 1123 label (namespace names): 1–63 of `[a-z0-9-]`, alphanumeric at both ends.
-///
-/// # Errors
-/// A message saying what is wrong and what is expected.
-pub fn check_dns_label(s: &str) -> Result<(), String> {
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "\"{s}\" is not an RFC 1123 label; expected 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit"
-        ))
-    }
-}
-
-/// Checks an RFC 1123 subdomain (object and host names): at most 253 characters, dot-separated
-/// RFC 1123 labels.
-///
-/// # Errors
-/// A message saying what is wrong and what is expected.
-pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
-    if s.is_empty() || s.len() > 253 || s.split('.').any(|l| check_dns_label(l).is_err()) {
-        Err(format!(
-            "\"{s}\" is not an RFC 1123 name; expected at most 253 characters of lower-case letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit"
-        ))
-    } else {
-        Ok(())
-    }
-}
+use byoh_api::names::{check_dns_label, check_dns_subdomain, check_host_name};
 
 /// Checks a Kubernetes label key and value (`[prefix/]name`, name and value ≤ 63 characters of
 /// `[A-Za-z0-9._-]`, alphanumeric at both ends; prefix an RFC 1123 subdomain).

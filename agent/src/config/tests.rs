@@ -177,6 +177,17 @@ fn bad_values_are_all_reported_with_lines() {
 }
 
 #[test]
+fn a_host_name_longer_than_a_label_value_is_refused_up_front() {
+    // 64-253 characters pass as an RFC 1123 name but can never be a label value.
+    let long = format!("{}.{}", "a".repeat(40), "b".repeat(30));
+    let err = load_text(&format!("[host]\nname = \"{long}\"\n")).unwrap_err();
+    assert_eq!(err.0[0].key, "host.name");
+    assert!(err.0[0].message.contains("at most 63"), "{err}");
+    assert!(crate::facts::node_name(&long.to_uppercase()).is_err());
+    assert!(load_text(&format!("[host]\nname = \"{}\"\n", "a".repeat(63))).is_ok());
+}
+
+#[test]
 fn lease_and_certificate_durations_are_range_checked() {
     let err = load_text("[agent]\nlease_duration = \"1s\"\n").unwrap_err();
     assert!(err.0[0].message.contains("out of range"), "{err}");

@@ -1,0 +1,101 @@
+//! Name rules shared by the agent (configuration, host facts) and the controller (CSR approval),
+//! so that a name one accepts the other accepts too.
+//!
+//! Sources: RFC 1123 labels and subdomains as Kubernetes defines them for object names
+//! (<https://kubernetes.io/docs/concepts/overview/working-with-objects/names/>), and the
+//! 63-character limit of label values
+//! (<https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set>).
+
+/// Longest host name: 63 characters. A host's name is its ByoHost's name and the value of the
+/// `byoh.infrastructure.cluster.x-k8s.io/host` label (and of Node labels) that name it, and a
+/// label value has at most 63 characters; a longer name would register and then fail forever.
+pub const MAX_HOST_NAME_LEN: usize = 63;
+
+/// Checks an RFC 1123 label (namespace names): 1–63 of `[a-z0-9-]`, alphanumeric at both ends.
+///
+/// # Errors
+/// A message saying what is wrong and what is expected.
+pub fn check_dns_label(s: &str) -> Result<(), String> {
+    if is_dns_label(s) {
+        Ok(())
+    } else {
+        Err(format!(
+            "\"{s}\" is not an RFC 1123 label; expected 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// Checks an RFC 1123 subdomain (object names): at most 253 characters, dot-separated RFC 1123
+/// labels.
+///
+/// # Errors
+/// A message saying what is wrong and what is expected.
+pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    if is_dns_subdomain(s, 253) {
+        Ok(())
+    } else {
+        Err(format!(
+            "\"{s}\" is not an RFC 1123 name; expected at most 253 characters of lower-case letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// Checks a host name (ByoHost name, CN `byoh:host:<name>` of the host's certificate): an RFC
+/// 1123 subdomain of at most [`MAX_HOST_NAME_LEN`] characters.
+///
+/// # Errors
+/// A message saying what is wrong and what is expected.
+pub fn check_host_name(s: &str) -> Result<(), String> {
+    if is_dns_subdomain(s, MAX_HOST_NAME_LEN) {
+        Ok(())
+    } else if is_dns_subdomain(s, 253) {
+        Err(format!(
+            "host name \"{s}\" has {} characters; at most {MAX_HOST_NAME_LEN} are allowed (it is used as a label value); set a shorter [host] name",
+            s.len()
+        ))
+    } else {
+        Err(format!(
+            "host name \"{s}\" is not an RFC 1123 name; expected at most {MAX_HOST_NAME_LEN} characters of lower-case letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit"
+        ))
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str, max_len: usize) -> bool {
+    !s.is_empty() && s.len() <= max_len && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_subdomains_and_host_names() {
+        assert!(check_dns_label("pool-a").is_ok());
+        assert!(check_dns_label("a.b").is_err());
+        assert!(check_dns_label(&"a".repeat(64)).is_err());
+        assert!(check_dns_subdomain("worker-01.site").is_ok());
+        for bad in ["Worker", "-a", "a-", "", "a..b", "a_b"] {
+            assert!(check_dns_subdomain(bad).is_err(), "{bad:?}");
+            assert!(check_host_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_dns_subdomain(&"a".repeat(254)).is_err());
+        let long = format!("{}.{}", "a".repeat(40), "b".repeat(40));
+        assert!(check_dns_subdomain(&long).is_ok());
+        let err = check_host_name(&long).unwrap_err();
+        assert!(
+            err.contains("81 characters") && err.contains("at most 63"),
+            "{err}"
+        );
+        assert!(check_host_name(&"a".repeat(63)).is_ok());
+        assert!(check_host_name("worker-01.site").is_ok());
+    }
+}

@@ -1,0 +1,317 @@
+//! Approval of host CertificateSigningRequests (kubelet-TLS-bootstrap-like, strict).
+//!
+//! A kube-runtime `Controller` over `certificates.k8s.io/v1` CSRs. [`decide`] is a pure function
+//! of the CSR; the controller only carries its verdict out:
+//!
+//! - [`Decision::Approve`]: the CSR has exactly the shape `byoh-agent` files (see
+//!   `agent/src/identity.rs`) and comes from a BYOH bootstrap token or from the same host
+//!   renewing; the controller adds the `Approved` condition (reason [`APPROVED_REASON`]) through
+//!   the `approval` subresource, and kube-controller-manager signs it.
+//! - [`Decision::Refuse`]: the CSR looks like BYOH's (its requester or subject is BYOH's) but
+//!   breaks a rule; it is left pending (never denied: an admin may still approve it by hand) and
+//!   a Warning Event (reason [`NOT_APPROVED_REASON`]) says exactly which rules it breaks.
+//! - [`Decision::NotOurs`]: nothing about it is BYOH's (kubelet CSRs, other tools): left alone
+//!   silently, so the approver does not spam Events on unrelated CSRs.
+//! - [`Decision::AlreadyDecided`]: it already carries `Approved` or `Denied`: nothing to do.
+//!
+//! The rules (all must hold to approve):
+//! - `spec.request` is exactly one canonical PEM block of type `CERTIFICATE REQUEST` whose DER
+//!   is one PKCS#10 request and nothing else (`request.rs`): the API server and the signer then
+//!   read the very bytes the rules below ran on;
+//! - signer `kubernetes.io/kube-apiserver-client`;
+//! - usages exactly {`digital signature`, `client auth`}, plus `key encipherment` only for RSA
+//!   keys;
+//! - the PKCS#10 subject is exactly CN `byoh:host:<name>` (`<name>` a host name as
+//!   [`byoh_api::names::check_host_name`] defines it: an RFC 1123 subdomain of at most 63
+//!   characters) and O `byoh:hosts`, nothing else (no OU, C, serialNumber, ...);
+//! - the request carries no attributes at all: no extension request (so no SANs of any kind:
+//!   DNS, IP, email, URI, and no other extension) and no challenge password;
+//! - the key is ECDSA P-256 or P-384, or RSA of at least 2048 bits;
+//! - `spec.expirationSeconds` is set and within [`MIN_EXPIRATION_SECS`]..=[`MAX_EXPIRATION_SECS`]
+//!   (absent would mean "the signer's default", which is cluster configuration BYOH cannot see);
+//! - the requester (`spec.username`/`spec.groups`, set by the API server, not forgeable) is a
+//!   bootstrap token (`system:bootstrap:<id>`) in group [`BOOTSTRAPPERS_GROUP`], or the host itself
+//!   (`byoh:host:<name>` in group [`HOSTS_GROUP`], renewing with its current certificate).
+//!
+//! The API server already checks the CSR's self-signature when it is created.
+//!
+//! One more rule needs the API and lives outside [`decide`]: a bootstrap token may not obtain
+//! the certificate of a host that is running (a ByoHost of that name with a current Lease, in
+//! any namespace; see [`lease_is_live`]) — a running host renews with its own certificate, so
+//! such a request is an identity takeover. It gets the same Warning Event and is looked at again
+//! every minute.
+
+use byoh_api::ByoHost;
+use futures::StreamExt as _;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Resource as _, ResourceExt as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The only signer whose CSRs are approved.
+pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+/// Organisation (group) of every host identity.
+pub const HOSTS_GROUP: &str = "byoh:hosts";
+/// Prefix of a host identity's common name (user name): `byoh:host:<name>`.
+pub const HOST_USER_PREFIX: &str = "byoh:host:";
+/// Extra group of the bootstrap tokens made for BYOH (`auth-extra-groups`).
+pub const BOOTSTRAPPERS_GROUP: &str = "system:bootstrappers:byoh";
+/// User name prefix of bootstrap token identities: `system:bootstrap:<token id>`.
+pub const BOOTSTRAP_USER_PREFIX: &str = "system:bootstrap:";
+/// Reason of the `Approved` condition the controller sets.
+pub const APPROVED_REASON: &str = "ByohHostCSRApproved";
+/// Reason of the Warning Event on a BYOH-looking CSR that is left pending.
+pub const NOT_APPROVED_REASON: &str = "ByohHostCSRNotApproved";
+/// Reason of the Normal Event on a valid CSR when approval is manual.
+pub const MANUAL_REASON: &str = "ByohHostCSRAwaitsManualApproval";
+/// Shortest certificate lifetime approved: one hour (the agent renews at 80 %).
+pub const MIN_EXPIRATION_SECS: i32 = 3600;
+/// Longest certificate lifetime approved: one year (365 days).
+pub const MAX_EXPIRATION_SECS: i32 = 365 * 24 * 3600;
+/// Field manager / Event reporting controller name.
+pub const CONTROLLER_NAME: &str = "byoh-csr-approver";
+
+mod decide;
+mod request;
+
+pub use decide::{Decision, Requester, decide};
+pub use request::PEM_LABEL;
+
+/// Options of the CSR approver.
+#[derive(Clone, Debug, Default)]
+pub struct CsrOptions {
+    /// `--manual-csr-approval`: never approve; valid CSRs get a Normal Event saying they wait
+    /// for `kubectl certificate approve`, invalid ones the usual Warning.
+    pub manual: bool,
+    /// Reporting instance in Events (e.g. the pod name); defaults to the controller name.
+    pub instance: Option<String>,
+}
+
+/// Errors of the approver's reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum CsrError {
+    /// The approval or an Event could not be written.
+    #[error("{action} for CSR {name}: {source}")]
+    Api {
+        /// What was being done.
+        action: &'static str,
+        /// CSR name.
+        name: String,
+        /// The client error.
+        source: kube::Error,
+    },
+}
+
+struct Ctx {
+    client: kube::Client,
+    recorder: Recorder,
+    manual: bool,
+}
+
+async fn publish(
+    ctx: &Ctx,
+    csr: &CertificateSigningRequest,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) -> Result<(), CsrError> {
+    ctx.recorder
+        .publish(
+            &Event {
+                type_,
+                reason: reason.into(),
+                note: Some(note),
+                action: "Approve".into(),
+                secondary: None,
+            },
+            &csr.object_ref(&()),
+        )
+        .await
+        .map_err(|source| CsrError::Api {
+            action: "publishing an Event",
+            name: csr.name_any(),
+            source,
+        })
+}
+
+async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result<Action, CsrError> {
+    let name = csr.name_any();
+    match decide(&csr) {
+        Decision::AlreadyDecided | Decision::NotOurs => {}
+        Decision::Refuse { reason } => {
+            tracing::warn!(csr = %name, %reason, "certificate signing request not approved");
+            publish(
+                &ctx,
+                &csr,
+                EventType::Warning,
+                NOT_APPROVED_REASON,
+                format!("not approved by byoh-controller: {reason}"),
+            )
+            .await?;
+        }
+        Decision::Approve { host, requester } => {
+            let by = match &requester {
+                Requester::Bootstrapper { token_id } => format!("bootstrap token {token_id}"),
+                Requester::Host => "the host itself (renewal)".to_string(),
+            };
+            if matches!(requester, Requester::Bootstrapper { .. })
+                && let Some(namespace) =
+                    live_host(&ctx.client, &host)
+                        .await
+                        .map_err(|source| CsrError::Api {
+                            action: "checking for a live host of the same name",
+                            name: name.clone(),
+                            source,
+                        })?
+            {
+                let reason = format!(
+                    "host {host} is live (ByoHost {namespace}/{host} with a current Lease): a bootstrap token may not take over the identity of a running host, which renews with its own certificate; if the host was reinstalled, stop the old one or approve by hand (kubectl certificate approve {name})"
+                );
+                tracing::warn!(csr = %name, %reason, "certificate signing request not approved");
+                publish(
+                    &ctx,
+                    &csr,
+                    EventType::Warning,
+                    NOT_APPROVED_REASON,
+                    format!("not approved by byoh-controller: {reason}"),
+                )
+                .await?;
+                // Look again once the Lease may have expired.
+                return Ok(Action::requeue(Duration::from_secs(60)));
+            }
+            if ctx.manual {
+                tracing::info!(csr = %name, %host, requested_by = %by, "valid host CSR awaits manual approval");
+                publish(&ctx, &csr, EventType::Normal, MANUAL_REASON, format!("valid certificate request for host {host} from {by}; manual approval is on: check it, then run kubectl certificate approve {name}")).await?;
+                return Ok(Action::await_change());
+            }
+            let mut approved = (*csr).clone();
+            let status = approved
+                .status
+                .get_or_insert_with(CertificateSigningRequestStatus::default);
+            status.conditions.get_or_insert_default().push(CertificateSigningRequestCondition {
+                type_: "Approved".into(),
+                status: "True".into(),
+                reason: Some(APPROVED_REASON.into()),
+                message: Some(format!("byoh-controller approved the client certificate of host {host}, requested by {by}")),
+                ..CertificateSigningRequestCondition::default()
+            });
+            Api::<CertificateSigningRequest>::all(ctx.client.clone())
+                .replace_subresource("approval", &name, &PostParams::default(), &approved)
+                .await
+                .map_err(|source| CsrError::Api {
+                    action: "approving",
+                    name: name.clone(),
+                    source,
+                })?;
+            tracing::info!(csr = %name, %host, requested_by = %by, "approved host certificate signing request");
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// Whether `lease` is current at `now`: `renewTime + leaseDurationSeconds` is in the future.
+pub fn lease_is_live(lease: &Lease, now: Timestamp) -> bool {
+    let Some(spec) = &lease.spec else {
+        return false;
+    };
+    match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(renewed), Some(secs)) => renewed
+            .0
+            .checked_add(SignedDuration::from_secs(i64::from(secs)))
+            .is_ok_and(|until| until > now),
+        _ => false,
+    }
+}
+
+/// The namespace of a ByoHost named `host` whose Lease (same namespace and name) is current,
+/// if any: such a host is running and renews its own certificate, so a bootstrap token asking
+/// for its name is an attempt to take over its identity.
+async fn live_host(client: &kube::Client, host: &str) -> Result<Option<String>, kube::Error> {
+    let hosts = Api::<ByoHost>::all(client.clone())
+        .list_metadata(&ListParams::default().fields(&format!("metadata.name={host}")))
+        .await?;
+    let now = Timestamp::now();
+    for h in hosts.items {
+        let Some(ns) = h.metadata.namespace else {
+            continue;
+        };
+        let lease = Api::<Lease>::namespaced(client.clone(), &ns)
+            .get_opt(host)
+            .await?;
+        if lease.is_some_and(|l| lease_is_live(&l, now)) {
+            return Ok(Some(ns));
+        }
+    }
+    Ok(None)
+}
+
+fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &CsrError, _ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(%error, "CSR approval failed; retrying in 10 s");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Runs the CSR approver until its watch stream ends (it does not end on its own; drop the
+/// future to stop it). Watches every CSR (a CSR with a wrong signer must still get its Event).
+///
+/// Needs: `certificatesigningrequests` get/list/watch, `certificatesigningrequests/approval`
+/// update, `signers` approve on `kubernetes.io/kube-apiserver-client`, and `events.k8s.io`
+/// events create/patch in namespace `default` (Events of cluster-scoped objects go there).
+///
+/// # Errors
+/// None today; the `Result` leaves room for start-up checks.
+pub async fn run(client: kube::Client, opts: CsrOptions) -> anyhow::Result<()> {
+    let reporter = Reporter {
+        controller: CONTROLLER_NAME.into(),
+        instance: opts.instance.clone(),
+    };
+    let ctx = Arc::new(Ctx {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        manual: opts.manual,
+    });
+    tracing::info!(manual = opts.manual, "starting the CSR approver");
+    Controller::new(
+        Api::<CertificateSigningRequest>::all(client),
+        watcher::Config::default(),
+    )
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            tracing::debug!(%error, "CSR reconcile");
+        }
+    })
+    .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn leases_are_live_until_renew_time_plus_duration() {
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let lease = |renewed: i64, secs: i32| Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    Timestamp::from_second(renewed).unwrap(),
+                )),
+                lease_duration_seconds: Some(secs),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(lease_is_live(&lease(999_990, 40), now));
+        assert!(!lease_is_live(&lease(999_900, 40), now));
+        assert!(!lease_is_live(&Lease::default(), now));
+    }
+}
