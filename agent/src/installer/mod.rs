@@ -15,6 +15,8 @@
 //! repository, exact versions, held), `tarball` (every artifact downloaded and its sha256
 //! verified before anything on the host is changed).
 
+#[cfg(test)]
+mod bundle_tests;
 pub mod cli;
 pub mod download;
 pub mod manifest;

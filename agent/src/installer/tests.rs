@@ -145,7 +145,7 @@ fn bed() -> Bed {
     }
 }
 
-fn write(root: &Path, rel: &str, content: &str, mode: u32) {
+pub(super) fn write(root: &Path, rel: &str, content: &str, mode: u32) {
     let p = root.join(rel);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(&p, content).unwrap();
@@ -700,7 +700,7 @@ async fn what_was_already_in_place_is_not_recorded_nor_reverted() {
     );
 }
 
-fn tar_gz(entries: &[(&str, tar::EntryType, &[u8], Option<&str>)]) -> Vec<u8> {
+pub(super) fn tar_gz(entries: &[(&str, tar::EntryType, &[u8], Option<&str>)]) -> Vec<u8> {
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
         Vec::new(),
         flate2::Compression::fast(),
@@ -771,7 +771,7 @@ async fn bundles_are_installed_entry_by_entry_and_unsafe_ones_refused() {
     for (name, bytes, needle) in [
         ("evil", &evil, "`..`"),
         ("absolute", &absolute, "absolute"),
-        ("below", &below_link, "below a symbolic link"),
+        ("below", &below_link, "lies below etc-link (a symbolic link"),
     ] {
         let mut spec = tarball(&base, &sha(KUBELET));
         spec.tarball.as_mut().unwrap().containerd = Some(Artifact {
