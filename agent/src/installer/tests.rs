@@ -1232,6 +1232,26 @@ fn invalid_requests_are_refused_with_the_field() {
     )
     .unwrap_err();
     assert!(matches!(e, InstallError::UnsupportedOs { .. }), "{e}");
+    // A newline would add `Trusted: yes` to the apt source: refused before anything is done,
+    // also in a field the host's package manager does not use.
+    for (field, set) in [("packages.aptRepository", 0), ("packages.dnfRepository", 1)] {
+        let mut s = apt_spec("https://k");
+        let p = s.packages.as_mut().unwrap();
+        let bad = Some("http://mirror.example/\nTrusted: yes".to_string());
+        if set == 0 {
+            p.apt_repository = bad;
+        } else {
+            p.dnf_repository = bad;
+        }
+        let e = plan_install(&request(&b, s), &os_debian()).unwrap_err();
+        assert!(
+            matches!(e, InstallError::InvalidSpec { .. })
+                && e.to_string().contains(field)
+                && e.to_string().contains("a newline")
+                && !e.to_string().contains("Trusted"),
+            "{e}"
+        );
+    }
     let mut s = apt_spec("http://insecure.example");
     s.packages.as_mut().unwrap().key_url = Some("http://insecure.example/key".into());
     assert!(
