@@ -7,6 +7,10 @@ use super::*;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
+/// Held by the tests of this file that measure or use a lot of memory, so that the peak
+/// measured by one is not the other's.
+static MEMORY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Peak resident memory of this process so far, in bytes (`VmHWM`).
 fn peak_rss_bytes() -> u64 {
     procfs::process::Process::myself()
@@ -34,6 +38,9 @@ fn one_anchor_referenced_thousands_of_times_is_refused_fast_in_bounded_memory() 
     let refs = vec!["*x"; 3000].join(", ");
     let text = format!("#cloud-config\nbootcmd_anchor: &x [{items}]\nruncmd: [{refs}]\n");
     assert!(text.len() < 30_000);
+    let _alone = MEMORY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let before = peak_rss_bytes();
     let start = Instant::now();
     let e = refused_as_limit(&text);
@@ -120,6 +127,9 @@ fn a_document_larger_than_a_secret_is_refused_before_parsing() {
 fn write_files_together_may_not_decode_beyond_the_total_limit() {
     // Five gzip entries of 60 MiB each: every one is under the per-file limit, together they
     // exceed MAX_TOTAL_FILE_BYTES; the fifth is refused and nothing is written.
+    let _alone = MEMORY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(&vec![0u8; 60 * 1024 * 1024]).unwrap();
     let b64 = {
