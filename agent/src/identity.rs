@@ -114,15 +114,36 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IdentityError + '_ {
     }
 }
 
-/// Reads a kubeconfig file.
+/// Reads a kubeconfig file (the bootstrap kubeconfig or the host's own).
 ///
 /// # Errors
-/// [`IdentityError::Kubeconfig`] if it cannot be read or parsed.
+/// [`IdentityError::Kubeconfig`] if it cannot be read or parsed; see [`kubeconfig_problem`]
+/// for what the message holds.
 pub fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, IdentityError> {
     Kubeconfig::read_from(path).map_err(|e| IdentityError::Kubeconfig {
         path: path.into(),
-        message: e.to_string(),
+        message: kubeconfig_problem(&e),
     })
+}
+
+/// What is wrong with a kubeconfig, without any of its content. A YAML parse error's text
+/// quotes the source around the problem (a bootstrap token, or part of the private key of a
+/// corrupt host kubeconfig), which would then reach the journal and the ByoHost's events: it
+/// is reduced to its line and column. Other errors (reading the file) hold no content.
+fn kubeconfig_problem(e: &kube::config::KubeconfigError) -> String {
+    const HIDDEN: &str = "the file holds credentials, so its content is not shown; \
+                          check the YAML there or replace the file";
+    match e {
+        kube::config::KubeconfigError::Parse(p) => match p.location() {
+            Some(at) => format!(
+                "not a valid kubeconfig at line {}, column {}: {HIDDEN}",
+                at.line(),
+                at.column()
+            ),
+            None => format!("not a valid kubeconfig: {HIDDEN}"),
+        },
+        other => other.to_string(),
+    }
 }
 
 /// Builds a client from a kubeconfig (its current context).
@@ -515,5 +536,66 @@ mod tests {
         );
         assert_eq!(kc.auth_infos[0].name, "byoh:host:w1");
         assert_eq!(embedded_certificate(&kc).unwrap(), b"CERT");
+    }
+
+    /// Writes `text` as a kubeconfig, reads it back; the error text.
+    fn parse_error(text: &str) -> (String, PathBuf, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bootstrap-kubeconfig");
+        std::fs::write(&path, text).unwrap();
+        let e = read_kubeconfig(&path).unwrap_err();
+        assert!(matches!(e, IdentityError::Kubeconfig { .. }), "{e}");
+        (e.to_string(), path, dir)
+    }
+
+    const TOKEN: &str = "abcdef.0123456789abcdef";
+    const KEY: &str = "MHcCAQEEIBh3c2VjcmV0LWtleS1tYXRlcmlhbC1uZXZlci1pbi1sb2dz";
+
+    #[test]
+    fn parse_errors_of_credential_files_name_file_line_and_column_never_the_content() {
+        // A bootstrap kubeconfig whose token line is broken (an unclosed quote, a stray
+        // indentation, a token where a list belongs), and a host kubeconfig whose key data
+        // is cut by corruption.
+        let cases: [(&str, String, u64); 4] = [
+            (
+                "unclosed quote",
+                format!(
+                    "apiVersion: v1\nkind: Config\nusers:\n- name: boot\n  user:\n    token: \"{TOKEN}\n"
+                ),
+                6,
+            ),
+            (
+                "bad indentation",
+                format!(
+                    "apiVersion: v1\nkind: Config\nusers:\n- name: boot\n  user:\n    token: {TOKEN}\n   bad: {TOKEN}\n"
+                ),
+                7,
+            ),
+            (
+                "wrong type",
+                format!("apiVersion: v1\nkind: Config\nusers: {TOKEN}\n"),
+                3,
+            ),
+            (
+                "corrupt key",
+                format!(
+                    "apiVersion: v1\nkind: Config\nusers:\n- name: host\n  user:\n    client-key-data: {KEY}\n{KEY}: [\n"
+                ),
+                7,
+            ),
+        ];
+        for (name, text, line) in cases {
+            let (e, path, _dir) = parse_error(&text);
+            assert!(!e.contains(TOKEN) && !e.contains(&KEY[..16]), "{name}: {e}");
+            assert!(!e.contains("abcdef"), "{name}: {e}");
+            assert!(e.contains(&path.display().to_string()), "{name}: {e}");
+            assert!(e.contains(&format!("line {line}, column ")), "{name}: {e}");
+        }
+        // A missing file still says why.
+        let e = read_kubeconfig(Path::new("/nonexistent/byoh/kubeconfig")).unwrap_err();
+        assert!(
+            e.to_string().contains("/nonexistent/byoh/kubeconfig"),
+            "{e}"
+        );
     }
 }

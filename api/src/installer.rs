@@ -10,6 +10,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+/// Longest URL accepted in an installer config (`maxLength` of the CRD).
+pub const MAX_URL_LEN: usize = 2048;
+/// Longest `versionPin` accepted (`maxLength` of the CRD).
+pub const MAX_VERSION_LEN: usize = 128;
+
 /// Desired installation for one machine.
 #[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[kube(
@@ -55,19 +60,33 @@ pub struct PreinstalledSource {
 #[serde(rename_all = "camelCase")]
 pub struct PackagesSource {
     /// apt repository: the `URIs` of a deb822 source (e.g.
-    /// `https://pkgs.k8s.io/core:/stable:/v1.36/deb/`), used on Debian and Ubuntu hosts.
+    /// `https://pkgs.k8s.io/core:/stable:/v1.36/deb/`), used on Debian and Ubuntu hosts. An
+    /// `http://` or `https://` URL of printable ASCII (no spaces, newlines or other control
+    /// characters: the value is written into the source file), at most 2048 bytes.
+    /// Plain http is allowed because apt checks the repository's signature with `keyURL`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_URL_LEN))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[!-~]+$')").message("aptRepository must be an http(s) URL of printable ASCII characters, without spaces, newlines or control characters"))]
     pub apt_repository: Option<String>,
-    /// dnf repository `baseurl`, used on RHEL-family hosts.
+    /// dnf repository `baseurl`, used on RHEL-family hosts; the same rules as `aptRepository`
+    /// (dnf checks package signatures with `keyURL`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_URL_LEN))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[!-~]+$')").message("dnfRepository must be an http(s) URL of printable ASCII characters, without spaces, newlines or control characters"))]
     pub dnf_repository: Option<String>,
-    /// URL of the repository's signing key.
+    /// URL of the repository's signing key: `https://` only (nothing else vouches for the
+    /// key), printable ASCII, at most 2048 bytes.
     #[serde(default, rename = "keyURL", skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.startsWith('https://')").message("keyURL must be an https URL"))]
+    #[schemars(length(max = MAX_URL_LEN))]
+    #[x_kube(validation = Rule::new("self.matches('^https://[!-~]+$')").message("keyURL must be an https URL of printable ASCII characters, without spaces, newlines or control characters"))]
     pub key_url: Option<String>,
     /// Exact package version to install and hold (e.g. `1.36.1-1.1`); absent means the
-    /// Machine's Kubernetes version with the repository's usual suffix.
+    /// Machine's Kubernetes version with the repository's usual suffix. A digit, then digits,
+    /// letters and `.+~:_^-` (the Debian and RPM version characters), at most
+    /// 128 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_VERSION_LEN))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9][0-9A-Za-z.+~:_^-]*$')").message("versionPin must start with a digit and hold only letters, digits and .+~:_^-"))]
     pub version_pin: Option<String>,
 }
 
@@ -94,8 +113,10 @@ pub struct TarballSource {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Artifact {
-    /// `http://` or `https://` URL of the file.
-    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("url must be http(s)"))]
+    /// `http://` or `https://` URL of the file (the sha256 vouches for it), printable ASCII
+    /// without spaces or control characters, at most 2048 bytes.
+    #[schemars(length(max = MAX_URL_LEN))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[!-~]+$')").message("url must be an http(s) URL of printable ASCII characters, without spaces, newlines or control characters"))]
     pub url: String,
     /// Lower-case hex SHA-256 of the file (64 characters).
     #[x_kube(validation = Rule::new("self.matches('^[0-9a-f]{64}$')").message("sha256 must be 64 lower-case hex digits"))]
@@ -147,4 +168,67 @@ pub struct K8sInstallerConfigTemplateResource {
     pub metadata: Option<TemplateMeta>,
     /// Spec of the created configs.
     pub spec: K8sInstallerConfigSpec,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+    use super::*;
+    use kube::CustomResourceExt as _;
+    use serde_json::Value;
+
+    /// The schema of `path` (property names) below `spec` of the CRD's only version.
+    fn property(crd: &Value, spec: &[&str], path: &[&str]) -> Value {
+        let mut v = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        for p in spec.iter().chain(path) {
+            v = &v["properties"][p];
+        }
+        assert!(v.is_object(), "{spec:?} {path:?} not in the schema");
+        v.clone()
+    }
+
+    #[test]
+    fn every_string_written_to_a_host_file_or_command_line_carries_a_strict_rule() {
+        let https = "self.matches('^https://[!-~]+$')";
+        let http_s = "self.matches('^https?://[!-~]+$')";
+        let version = "self.matches('^[0-9][0-9A-Za-z.+~:_^-]*$')";
+        let wanted: [(&[&str], &str, usize); 8] = [
+            (&["packages", "aptRepository"], http_s, MAX_URL_LEN),
+            (&["packages", "dnfRepository"], http_s, MAX_URL_LEN),
+            (&["packages", "keyURL"], https, MAX_URL_LEN),
+            (&["packages", "versionPin"], version, MAX_VERSION_LEN),
+            (&["tarball", "kubeadm", "url"], http_s, MAX_URL_LEN),
+            (&["tarball", "kubelet", "url"], http_s, MAX_URL_LEN),
+            (&["tarball", "containerd", "url"], http_s, MAX_URL_LEN),
+            (&["tarball", "cniPlugins", "url"], http_s, MAX_URL_LEN),
+        ];
+        for (crd, spec) in [
+            (
+                serde_json::to_value(K8sInstallerConfig::crd()).unwrap(),
+                &["spec"][..],
+            ),
+            (
+                serde_json::to_value(K8sInstallerConfigTemplate::crd()).unwrap(),
+                &["spec", "template", "spec"][..],
+            ),
+        ] {
+            for (path, rule, max) in wanted {
+                let p = property(&crd, spec, path);
+                let rules: Vec<&str> = p["x-kubernetes-validations"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{path:?}: no x-kubernetes-validations: {p}"))
+                    .iter()
+                    .filter_map(|r| r["rule"].as_str())
+                    .collect();
+                assert!(rules.contains(&rule), "{path:?}: {rules:?}");
+                assert_eq!(p["maxLength"].as_u64(), Some(max as u64), "{path:?}: {p}");
+            }
+            let sha = property(&crd, spec, &["tarball", "kubelet", "sha256"]);
+            assert_eq!(
+                sha["x-kubernetes-validations"][0]["rule"],
+                "self.matches('^[0-9a-f]{64}$')"
+            );
+        }
+    }
 }

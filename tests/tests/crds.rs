@@ -100,3 +100,72 @@ fn byohost_and_byomachine_have_printer_columns() {
         }
     }
 }
+
+/// The CEL rules of the installer config refuse, at `kubectl apply` time, strings that would
+/// inject lines into the apt source or dnf repository file the agent writes (a newline in
+/// `aptRepository` followed by `Trusted: yes` would disable signature checks) or options into
+/// the package manager's command line.
+#[tokio::test]
+async fn installer_config_strings_with_newlines_or_bad_characters_are_refused_with_422() {
+    use byoh_api::K8sInstallerConfig;
+    use byoh_tests::control_plane::{self, TestNamespace};
+    use kube::Api;
+    use kube::api::PostParams;
+
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "installer-strings")
+        .await
+        .expect("namespace");
+    let api = Api::<K8sInstallerConfig>::namespaced(client.clone(), ns.name());
+    let config = |name: &str, field: &str, value: &str| -> K8sInstallerConfig {
+        let mut packages = serde_json::json!({
+            "aptRepository": "https://mirror.example/deb/",
+            "keyURL": "https://mirror.example/Release.key",
+            "versionPin": "1.36.3-1.1",
+        });
+        packages[field] = serde_json::Value::String(value.into());
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": byoh_api::API_VERSION,
+            "kind": "K8sInstallerConfig",
+            "metadata": { "name": name },
+            "spec": { "packages": packages },
+        }))
+        .expect("K8sInstallerConfig JSON")
+    };
+    let pp = PostParams::default();
+    api.create(
+        &pp,
+        &config("valid", "aptRepository", "http://mirror.example/deb/"),
+    )
+    .await
+    .expect("a plain repository URL is accepted");
+    for (i, (field, value)) in [
+        ("aptRepository", "http://mirror.example/\nTrusted: yes"),
+        ("dnfRepository", "https://mirror.example/rpm/\ngpgcheck=0"),
+        ("keyURL", "https://mirror.example/key\r\n"),
+        ("keyURL", "http://mirror.example/key"),
+        ("versionPin", "1.36.3 --allow-downgrades"),
+        ("versionPin", "-o=APT::Get::AllowUnauthenticated=1"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        match api
+            .create(&pp, &config(&format!("bad-{i}"), field, value))
+            .await
+        {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 422, "{field}={value:?}: {s:?}");
+                assert!(
+                    s.message.contains(field),
+                    "{field}={value:?}: {}",
+                    s.message
+                );
+            }
+            other => panic!("{field}={value:?} must be refused with 422, got {other:?}"),
+        }
+    }
+    ns.cleanup(&client).await.expect("cleanup");
+}

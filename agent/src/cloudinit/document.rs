@@ -11,7 +11,7 @@
 //! than returned, so that [`super::validate`] reports them together with every other problem.
 
 use super::template::{InstanceData, render};
-use super::{CloudConfigError, Problem, encoding};
+use super::{CloudConfigError, MAX_DOCUMENT_BYTES, Problem, encoding};
 use serde_yaml_ng::Value;
 use std::fmt;
 
@@ -156,6 +156,12 @@ fn restore(v: Value, marker: &str) -> Value {
 /// [`CloudConfigError::Yaml`] when the YAML is malformed, is not a mapping, or `write_files` /
 /// `runcmd` are not lists.
 pub fn parse(input: &str, data: &InstanceData) -> Result<Document, CloudConfigError> {
+    if input.len() > MAX_DOCUMENT_BYTES {
+        return Err(CloudConfigError::Limit(format!(
+            "the document is {} bytes, more than {MAX_DOCUMENT_BYTES} (the most a Secret holds)",
+            input.len()
+        )));
+    }
     let rendered = render(input, data)?;
     let (text, marker) = if rendered.text.contains(BINARY_TAG) {
         let marker = unique_marker(&rendered.text);
@@ -163,6 +169,7 @@ pub fn parse(input: &str, data: &InstanceData) -> Result<Document, CloudConfigEr
     } else {
         (rendered.text, None)
     };
+    check_expansion(&text)?;
     let value: Value = serde_yaml_ng::from_str(&text)
         .map_err(|e| CloudConfigError::Yaml(yaml_error(&e, marker.as_deref())))?;
     let value = match &marker {
@@ -198,6 +205,122 @@ pub fn parse(input: &str, data: &InstanceData) -> Result<Document, CloudConfigEr
         }
     }
     Ok(doc)
+}
+
+/// Refuses YAML whose aliases (`*name`, repeating the node anchored `&name`) expand it beyond
+/// [`expansion_budget`] of `text`, before it is turned into values: a 15 KB document of one
+/// anchored list of 3,000 items referenced 3,000 times expands to 9 million nodes (about
+/// 900 MiB as values). The document is walked as the parser delivers it, aliases expanded,
+/// without keeping anything, and the walk stops as soon as the budget is spent, so time and
+/// memory stay bounded. A document without aliases never reaches the budget; cloud-config from
+/// Cluster API's kubeadm bootstrap provider has none.
+///
+/// Syntax errors are left to the parse that follows, which reports them with their location.
+///
+/// # Errors
+/// [`CloudConfigError::Limit`].
+fn check_expansion(text: &str) -> Result<(), CloudConfigError> {
+    use serde::de::DeserializeSeed as _;
+    let budget = expansion_budget(text);
+    let left = std::cell::Cell::new(budget);
+    let walked = Budget(&left).deserialize(serde_yaml_ng::Deserializer::from_str(text));
+    if walked.is_err() && left.get() == 0 {
+        return Err(CloudConfigError::Limit(format!(
+            "its YAML expands to more than {budget} nodes and scalar bytes (twice its size): \
+             YAML aliases (*name) repeat an anchored node (&name) too often; \
+             write the values out instead of using anchors and aliases"
+        )));
+    }
+    Ok(())
+}
+
+/// What a document of `text` may expand to, counting one per node plus the bytes of each
+/// scalar: twice its length plus 1024. Without aliases each node and scalar byte comes from at
+/// least one byte of the text (escapes and folding only shrink), so only aliases reach it.
+fn expansion_budget(text: &str) -> usize {
+    text.len().saturating_mul(2).saturating_add(1024)
+}
+
+/// A serde visitor that walks any YAML value without keeping it, charging the [`Cell`] of
+/// what is left: one per node, plus the length of each scalar and tag. It fails, leaving 0,
+/// once the budget is spent.
+///
+/// [`Cell`]: std::cell::Cell
+struct Budget<'a>(&'a std::cell::Cell<usize>);
+
+impl Budget<'_> {
+    fn charge<E: serde::de::Error>(&self, n: usize) -> Result<(), E> {
+        match self.0.get().checked_sub(n) {
+            Some(left) => {
+                self.0.set(left);
+                Ok(())
+            }
+            None => {
+                self.0.set(0);
+                Err(E::custom("the expansion budget is spent"))
+            }
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Budget<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Budget<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        self.charge(1)
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        self.charge(1)
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        self.charge(1)
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        self.charge(1)
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        self.charge(v.len().saturating_add(1))
+    }
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<(), E> {
+        self.charge(v.len().saturating_add(1))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.charge(1)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+        self.charge(1)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        serde::de::DeserializeSeed::deserialize(self, d)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.charge(1)?;
+        while seq.next_element_seed(Budget(self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.charge(1)?;
+        while map.next_key_seed(Budget(self.0))?.is_some() {
+            map.next_value_seed(Budget(self.0))?;
+        }
+        Ok(())
+    }
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, data: A) -> Result<(), A::Error> {
+        use serde::de::VariantAccess as _;
+        // A tagged node (`!tag value`): the tag is the variant.
+        let (tag, value): (String, _) = data.variant()?;
+        self.charge(tag.len().saturating_add(1))?;
+        value.newtype_variant_seed(Budget(self.0))
+    }
 }
 
 fn yaml_error(e: &serde_yaml_ng::Error, marker: Option<&str>) -> String {

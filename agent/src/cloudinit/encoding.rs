@@ -62,8 +62,15 @@ impl Encoding {
         }
     }
 
-    /// Decodes `data` (the content's bytes). The error message never holds content.
-    pub(crate) fn decode(self, data: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+    /// Decodes `data` (the content's bytes) to at most `limit` bytes; `limit_is` says what the
+    /// limit is in the error (e.g. `the limit per file`). The error message never holds
+    /// content.
+    pub(crate) fn decode(
+        self,
+        data: &[u8],
+        limit: usize,
+        limit_is: &str,
+    ) -> Result<Vec<u8>, String> {
         let bytes = match self {
             Encoding::Plain => data.to_vec(),
             Encoding::Base64 => base64_decode(data)?,
@@ -72,7 +79,7 @@ impl Encoding {
         };
         if bytes.len() > limit {
             return Err(format!(
-                "decoded content is larger than {limit} bytes, the limit per file"
+                "decoded content is larger than {limit} bytes, {limit_is}"
             ));
         }
         Ok(bytes)
@@ -140,16 +147,26 @@ mod tests {
         let gz = base64_decode(HELLO_GZ_B64.as_bytes()).unwrap();
         assert_eq!(
             Encoding::GzipBase64
-                .decode(HELLO_GZ_B64.as_bytes(), 100)
+                .decode(HELLO_GZ_B64.as_bytes(), 100, "the limit")
                 .unwrap(),
             b"hello\n"
         );
         assert_eq!(
-            Encoding::Base64.decode(b"aGVs\n bG8K\n", 100).unwrap(),
+            Encoding::Base64
+                .decode(b"aGVs\n bG8K\n", 100, "the limit")
+                .unwrap(),
             b"hello\n"
         );
-        assert_eq!(Encoding::Gzip.decode(&gz, 100).unwrap(), b"hello\n");
-        assert_eq!(Encoding::Plain.decode(b"hello\n", 100).unwrap(), b"hello\n");
+        assert_eq!(
+            Encoding::Gzip.decode(&gz, 100, "the limit").unwrap(),
+            b"hello\n"
+        );
+        assert_eq!(
+            Encoding::Plain
+                .decode(b"hello\n", 100, "the limit")
+                .unwrap(),
+            b"hello\n"
+        );
     }
 
     #[test]
@@ -157,25 +174,25 @@ mod tests {
         let mut gz = base64_decode(HELLO_GZ_B64.as_bytes()).unwrap();
         // Truncated (case 01's e.conf): no trailer.
         let e = Encoding::GzipBase64
-            .decode(b"H4sIAAAAAAAC/8tIzcnJVyjPL8o=", 100)
+            .decode(b"H4sIAAAAAAAC/8tIzcnJVyjPL8o=", 100, "the limit")
             .unwrap_err();
         assert!(e.contains("gzip"), "{e}");
         // Wrong CRC.
         let n = gz.len();
         gz[n - 8] ^= 0xff;
-        assert!(Encoding::Gzip.decode(&gz, 100).is_err());
+        assert!(Encoding::Gzip.decode(&gz, 100, "the limit").is_err());
         // Wrong length.
         let mut gz2 = base64_decode(HELLO_GZ_B64.as_bytes()).unwrap();
         gz2[n - 4] ^= 0x01;
-        assert!(Encoding::Gzip.decode(&gz2, 100).is_err());
+        assert!(Encoding::Gzip.decode(&gz2, 100, "the limit").is_err());
         // Not gzip at all.
         assert!(
             Encoding::Gzip
-                .decode(b"hello", 100)
+                .decode(b"hello", 100, "the limit")
                 .unwrap_err()
                 .contains("no gzip header")
         );
-        assert!(Encoding::Base64.decode(b"!!!", 100).is_err());
+        assert!(Encoding::Base64.decode(b"!!!", 100, "the limit").is_err());
     }
 
     #[test]
@@ -185,11 +202,17 @@ mod tests {
         let gz = enc.finish().unwrap();
         assert!(
             Encoding::Gzip
-                .decode(&gz, 1000)
+                .decode(&gz, 1000, "the limit")
                 .unwrap_err()
                 .contains("larger than 1000")
         );
-        assert_eq!(Encoding::Gzip.decode(&gz, 10_000).unwrap().len(), 10_000);
-        assert!(Encoding::Plain.decode(&[1; 11], 10).is_err());
+        assert_eq!(
+            Encoding::Gzip
+                .decode(&gz, 10_000, "the limit")
+                .unwrap()
+                .len(),
+            10_000
+        );
+        assert!(Encoding::Plain.decode(&[1; 11], 10, "the limit").is_err());
     }
 }

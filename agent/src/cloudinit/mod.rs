@@ -44,6 +44,15 @@ pub const DEFAULT_COMMAND_TIMEOUT_SECS: u64 = 30 * 60;
 /// data lives in a Secret (at most 1 MiB), so real files are far smaller.
 pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Largest decoded size of all `write_files` entries together (256 MiB): each entry may be up
+/// to [`MAX_FILE_BYTES`], but a 1 MiB document of many small gzip entries must not make the
+/// agent hold gigabytes. Decoding stops at what is left of this budget.
+pub const MAX_TOTAL_FILE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Largest cloud-config accepted (1 MiB, the most a Kubernetes Secret holds), checked before
+/// it is parsed.
+pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+
 /// One reason a document is refused: where (`write_files[3] /etc/x`, `runcmd[1]`, `bootcmd`) and
 /// what is wrong. Never holds file contents.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +99,10 @@ pub enum CloudConfigError {
         /// The expression as written (cut to 80 characters).
         expression: String,
     },
+    /// The document is too large, or its YAML aliases expand it beyond a bound; refused before
+    /// its YAML is turned into values.
+    #[error("cloud-config refused, nothing was written and nothing ran: {0}")]
+    Limit(String),
     /// The YAML is malformed or its shape is wrong.
     #[error("invalid cloud-config YAML: {0}")]
     Yaml(String),
@@ -115,5 +128,7 @@ pub fn check_format(format: Option<&str>) -> Result<(), CloudConfigError> {
 
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(test)]
+mod limits_tests;
 #[cfg(test)]
 mod tests;

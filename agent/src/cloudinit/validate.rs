@@ -4,7 +4,7 @@
 use super::document::{Document, Permissions, RawCommand, RawWriteFile};
 use super::modules::{Verdict, describe_only, module_verdict};
 use super::owner::{Owner, resolve};
-use super::{CloudConfigError, Encoding, MAX_FILE_BYTES, Problem};
+use super::{CloudConfigError, Encoding, MAX_FILE_BYTES, MAX_TOTAL_FILE_BYTES, Problem};
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
@@ -145,10 +145,13 @@ fn check_path(p: &str) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// Validates one entry; its content is decoded to at most [`MAX_FILE_BYTES`] and at most
+/// `budget_bytes` (what is left of [`MAX_TOTAL_FILE_BYTES`]).
 fn validate_file(
     i: usize,
     f: &RawWriteFile,
     opts: &ValidateOptions<'_>,
+    budget_bytes: usize,
 ) -> Result<FileWrite, Vec<String>> {
     let mut why = Vec::new();
     let path = match f.path.as_deref() {
@@ -176,7 +179,17 @@ fn validate_file(
         }
     };
     let content = enc.and_then(|enc| {
-        enc.decode(f.content.bytes(), MAX_FILE_BYTES)
+        let (limit, limit_is) = if budget_bytes < MAX_FILE_BYTES {
+            (
+                budget_bytes,
+                format!(
+                    "what is left of the {MAX_TOTAL_FILE_BYTES} bytes all write_files entries may decode to together"
+                ),
+            )
+        } else {
+            (MAX_FILE_BYTES, "the limit per file".to_string())
+        };
+        enc.decode(f.content.bytes(), limit, &limit_is)
             .map_err(|e| why.push(format!("{e} (encoding {})", enc.name())))
             .ok()
     });
@@ -265,12 +278,17 @@ pub fn validate(doc: &Document, opts: &ValidateOptions<'_>) -> Result<Plan, Clou
     }
 
     let mut deferred = Vec::new();
+    let mut budget_bytes = MAX_TOTAL_FILE_BYTES;
     for (i, f) in doc.write_files.iter().enumerate() {
         let at = match &f.path {
             Some(p) => format!("write_files[{i}] {p}"),
             None => format!("write_files[{i}]"),
         };
-        match validate_file(i, f, opts) {
+        let checked = validate_file(i, f, opts, budget_bytes);
+        if let Ok(fw) = &checked {
+            budget_bytes -= fw.content.len().min(budget_bytes);
+        }
+        match checked {
             Ok(fw) if fw.defer => deferred.push(fw),
             Ok(fw) => plan.files.push(fw),
             Err(why) => {

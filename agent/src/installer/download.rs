@@ -2,8 +2,13 @@
 //! while streaming, and bundle extraction into a staging directory that refuses unsafe entries.
 
 use super::InstallError;
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, SFlag, fchmod, fstatat, mkdirat};
+use nix::unistd::symlinkat;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -166,9 +171,15 @@ pub fn safe_relative(path: &Path) -> Result<Option<PathBuf>, String> {
 }
 
 /// Extracts the gzip-compressed tar `archive` into the empty directory `staging`: regular
-/// files (permission bits masked to 0755/0644-style `0o777`: no set-id bits), directories and
-/// symbolic links. Refused, naming the entry: absolute paths, `..` components, entries below a
-/// symbolic link of the archive, hard links, devices and other types.
+/// files (permission bits masked to `0o777`: no set-id bits), directories and symbolic links.
+///
+/// Nothing is ever written through a symbolic link, whoever placed it: `staging` and every
+/// parent directory of an entry are opened component by component with `O_NOFOLLOW`
+/// (`openat(2)`), files are created with `O_CREAT | O_EXCL | O_NOFOLLOW`, directories with
+/// `mkdirat(2)` and symbolic links with `symlinkat(2)`, so an existing path is never replaced
+/// nor followed. Refused, naming the entry: absolute paths, `..` components, a second entry for
+/// the same path, entries at or below a symbolic link or a file, hard links (whatever their
+/// target), devices and other types.
 ///
 /// # Errors
 /// [`InstallError::Archive`] for a refused entry or a corrupt archive, [`InstallError::Io`].
@@ -179,9 +190,12 @@ pub fn extract_bundle(archive: &Path, staging: &Path, url: &str) -> Result<(), I
         entry: entry.to_string(),
         message,
     };
+    let root = nix::fcntl::open(staging, DIR_FLAGS, Mode::empty())
+        .map_err(|e| InstallError::io("opening", staging)(e.into()))?;
     let f = std::fs::File::open(archive).map_err(InstallError::io("reading", archive))?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(f));
     let entries = tar.entries().map_err(|e| bad("-", e.to_string()))?;
+    let mut seen = std::collections::HashSet::new();
     for entry in entries {
         let mut entry = entry.map_err(|e| bad("-", e.to_string()))?;
         let raw = entry
@@ -189,54 +203,141 @@ pub fn extract_bundle(archive: &Path, staging: &Path, url: &str) -> Result<(), I
             .map_err(|e| bad("-", e.to_string()))?
             .into_owned();
         let name = raw.display().to_string();
-        let Some(rel) = safe_relative(&raw).map_err(|m| bad(&name, m))? else {
+        let refuse = |message: String| bad(&name, message);
+        let Some(rel) = safe_relative(&raw).map_err(&refuse)? else {
             continue;
         };
-        // Never write through a symbolic link the archive itself created.
-        let mut ancestor = staging.to_path_buf();
-        for c in rel.parent().into_iter().flat_map(Path::components) {
-            ancestor.push(c);
-            if std::fs::symlink_metadata(&ancestor).is_ok_and(|m| m.file_type().is_symlink()) {
-                return Err(bad(
-                    &name,
-                    "it lies below a symbolic link of the bundle".into(),
-                ));
-            }
+        if !seen.insert(rel.clone()) {
+            return Err(refuse(
+                "a second entry for the same path (duplicate entries are refused)".into(),
+            ));
         }
+        let (parent, file_name) = open_parent(&root, staging, &rel, &refuse)?;
         let dest = staging.join(&rel);
-        let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
+        let mode = Mode::from_bits_truncate(entry.header().mode().unwrap_or(0o644) & 0o777);
         let kind = entry.header().entry_type();
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent).map_err(InstallError::io("creating", parent))?;
-        }
+        let exists = |e: Errno| match e {
+            Errno::EEXIST => refuse(format!(
+                "something is already at this path ({})",
+                what_is_at(&parent, file_name)
+            )),
+            e => InstallError::io("creating", &dest)(e.into()),
+        };
         if kind.is_dir() {
-            std::fs::create_dir_all(&dest).map_err(InstallError::io("creating", &dest))?;
-            set_mode(&dest, mode)?;
+            match mkdirat(&parent, file_name, Mode::from_bits_truncate(0o700)) {
+                // A directory made earlier as the parent of an entry: its mode is set now.
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(InstallError::io("creating", &dest)(e.into())),
+            }
+            let dir = openat(&parent, file_name, DIR_FLAGS, Mode::empty()).map_err(|e| {
+                refuse(format!(
+                    "cannot open it as a directory without following links ({}: {e})",
+                    what_is_at(&parent, file_name)
+                ))
+            })?;
+            fchmod(&dir, mode)
+                .map_err(|e| InstallError::io("setting the mode of", &dest)(e.into()))?;
         } else if kind.is_file() {
-            let mut out =
-                std::fs::File::create(&dest).map_err(InstallError::io("creating", &dest))?;
-            std::io::copy(&mut entry, &mut out).map_err(|e| bad(&name, e.to_string()))?;
-            set_mode(&dest, mode)?;
+            let fd = openat(
+                &parent,
+                file_name,
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )
+            .map_err(exists)?;
+            let mut out = std::fs::File::from(fd);
+            std::io::copy(&mut entry, &mut out).map_err(|e| refuse(e.to_string()))?;
+            fchmod(&out, mode)
+                .map_err(|e| InstallError::io("setting the mode of", &dest)(e.into()))?;
         } else if kind.is_symlink() {
             let target = entry
                 .link_name()
-                .map_err(|e| bad(&name, e.to_string()))?
-                .ok_or_else(|| bad(&name, "a symbolic link without a target".into()))?;
-            let _ = std::fs::remove_file(&dest);
-            std::os::unix::fs::symlink(&target, &dest)
-                .map_err(InstallError::io("creating", &dest))?;
+                .map_err(|e| refuse(e.to_string()))?
+                .ok_or_else(|| refuse("a symbolic link without a target".into()))?;
+            symlinkat(target.as_ref(), &parent, file_name).map_err(exists)?;
+        } else if kind.is_hard_link() {
+            let target = entry
+                .link_name()
+                .ok()
+                .flatten()
+                .map(|t| t.display().to_string())
+                .unwrap_or_default();
+            return Err(refuse(format!(
+                "a hard link (to {target:?}): hard links are refused, ship a copy or a symbolic link"
+            )));
         } else {
-            return Err(bad(
-                &name,
-                format!("unsupported entry type {kind:?} (only files, directories and symlinks)"),
-            ));
+            return Err(refuse(format!(
+                "unsupported entry type {kind:?} (only files, directories and symlinks)"
+            )));
         }
     }
     Ok(())
 }
 
-fn set_mode(path: &Path, mode: u32) -> Result<(), InstallError> {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(InstallError::io("setting the mode of", path))
+/// `open(2)` flags of a directory walked through: never a symbolic link.
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// Opens the parent directory of `rel` below the directory `root` (at `staging`) one component
+/// at a time with `O_NOFOLLOW`, creating missing ones (0755); returns it and `rel`'s last
+/// component. A component that is a symbolic link or not a directory is refused.
+fn open_parent<'r>(
+    root: &OwnedFd,
+    staging: &Path,
+    rel: &'r Path,
+    refuse: &dyn Fn(String) -> InstallError,
+) -> Result<(OwnedFd, &'r std::ffi::OsStr), InstallError> {
+    let file_name = rel
+        .file_name()
+        .ok_or_else(|| refuse("an entry without a name".into()))?;
+    let mut dir = root
+        .try_clone()
+        .map_err(InstallError::io("opening", staging))?;
+    let mut walked = PathBuf::new();
+    for c in rel.parent().into_iter().flat_map(Path::components) {
+        walked.push(c);
+        let here = staging.join(&walked);
+        let next = match openat(&dir, c.as_os_str(), DIR_FLAGS, Mode::empty()) {
+            Err(Errno::ENOENT) => {
+                mkdirat(&dir, c.as_os_str(), Mode::from_bits_truncate(0o755))
+                    .map_err(|e| InstallError::io("creating", &here)(e.into()))?;
+                openat(&dir, c.as_os_str(), DIR_FLAGS, Mode::empty())
+            }
+            r => r,
+        };
+        dir = match next {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                return Err(refuse(format!(
+                    "it lies below {} ({}), which is never followed",
+                    walked.display(),
+                    what_is_at(&dir, c.as_os_str())
+                )));
+            }
+            Err(e) => return Err(InstallError::io("opening", &here)(e.into())),
+        };
+    }
+    Ok((dir, file_name))
+}
+
+/// What `name` in `dir` is, without following it: `a symbolic link to "T"`, `a directory`, ...
+fn what_is_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> String {
+    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+            SFlag::S_IFLNK => match nix::fcntl::readlinkat(dir, name) {
+                Ok(t) => format!("a symbolic link to {:?}", t.to_string_lossy()),
+                Err(_) => "a symbolic link".into(),
+            },
+            SFlag::S_IFDIR => "a directory".into(),
+            SFlag::S_IFREG => "a regular file".into(),
+            _ => "a special file".into(),
+        },
+        Err(e) => format!("unreadable: {e}"),
+    }
 }

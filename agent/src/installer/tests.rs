@@ -145,7 +145,7 @@ fn bed() -> Bed {
     }
 }
 
-fn write(root: &Path, rel: &str, content: &str, mode: u32) {
+pub(super) fn write(root: &Path, rel: &str, content: &str, mode: u32) {
     let p = root.join(rel);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(&p, content).unwrap();
@@ -700,7 +700,7 @@ async fn what_was_already_in_place_is_not_recorded_nor_reverted() {
     );
 }
 
-fn tar_gz(entries: &[(&str, tar::EntryType, &[u8], Option<&str>)]) -> Vec<u8> {
+pub(super) fn tar_gz(entries: &[(&str, tar::EntryType, &[u8], Option<&str>)]) -> Vec<u8> {
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
         Vec::new(),
         flate2::Compression::fast(),
@@ -771,7 +771,7 @@ async fn bundles_are_installed_entry_by_entry_and_unsafe_ones_refused() {
     for (name, bytes, needle) in [
         ("evil", &evil, "`..`"),
         ("absolute", &absolute, "absolute"),
-        ("below", &below_link, "below a symbolic link"),
+        ("below", &below_link, "lies below etc-link (a symbolic link"),
     ] {
         let mut spec = tarball(&base, &sha(KUBELET));
         spec.tarball.as_mut().unwrap().containerd = Some(Artifact {
@@ -1232,6 +1232,26 @@ fn invalid_requests_are_refused_with_the_field() {
     )
     .unwrap_err();
     assert!(matches!(e, InstallError::UnsupportedOs { .. }), "{e}");
+    // A newline would add `Trusted: yes` to the apt source: refused before anything is done,
+    // also in a field the host's package manager does not use.
+    for (field, set) in [("packages.aptRepository", 0), ("packages.dnfRepository", 1)] {
+        let mut s = apt_spec("https://k");
+        let p = s.packages.as_mut().unwrap();
+        let bad = Some("http://mirror.example/\nTrusted: yes".to_string());
+        if set == 0 {
+            p.apt_repository = bad;
+        } else {
+            p.dnf_repository = bad;
+        }
+        let e = plan_install(&request(&b, s), &os_debian()).unwrap_err();
+        assert!(
+            matches!(e, InstallError::InvalidSpec { .. })
+                && e.to_string().contains(field)
+                && e.to_string().contains("a newline")
+                && !e.to_string().contains("Trusted"),
+            "{e}"
+        );
+    }
     let mut s = apt_spec("http://insecure.example");
     s.packages.as_mut().unwrap().key_url = Some("http://insecure.example/key".into());
     assert!(
