@@ -237,7 +237,7 @@ fn check_expansion(text: &str) -> Result<(), CloudConfigError> {
 /// What a document of `text` may expand to, counting one per node plus the bytes of each
 /// scalar: twice its length plus 1024. Without aliases each node and scalar byte comes from at
 /// least one byte of the text (escapes and folding only shrink), so only aliases reach it.
-fn expansion_budget(text: &str) -> usize {
+pub(super) fn expansion_budget(text: &str) -> usize {
     text.len().saturating_mul(2).saturating_add(1024)
 }
 
