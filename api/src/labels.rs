@@ -48,6 +48,16 @@ pub const FORCE_RELEASE: &str = "byoh.infrastructure.cluster.x-k8s.io/force-rele
 /// written with `spec.claim.releaseRequested`); `--release-timeout` counts from it.
 pub const RELEASE_REQUESTED_AT: &str = "byoh.infrastructure.cluster.x-k8s.io/release-requested-at";
 
+/// ByoHost: the host's identity is revoked (annotation, any value; set by an administrator).
+/// The CSR approver no longer renews its certificate, so it stops working when the current one
+/// expires; hosts cannot remove it (admission policy). See docs/security.md.
+pub const REVOKED: &str = "byoh.infrastructure.cluster.x-k8s.io/revoked";
+
+/// ByoHost: a bootstrap token may enrol this host's name again once (annotation, any value;
+/// set by an administrator after reinstalling the host). Without it a bootstrap token cannot
+/// obtain the certificate of a registered host; the CSR approver removes it when it approves.
+pub const ALLOW_RE_ENROLMENT: &str = "byoh.infrastructure.cluster.x-k8s.io/allow-re-enrolment";
+
 /// Name of the ByoHost an object belongs to: on the host's `coordination.k8s.io` Lease (set
 /// by the agent; the controller watches only Leases with this label) and on the per-host Role
 /// and RoleBinding (set by the controller).

@@ -22,8 +22,8 @@ use k8s_openapi::api::certificates::v1::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
-use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt as _};
 use security_common::*;
 use std::time::Duration;
 
@@ -348,20 +348,49 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
     assert_eq!(user, format!("byoh:host:{host}"));
     assert!(groups.iter().any(|g| g == "byoh:hosts"), "{groups:?}");
 
-    // Renewal with the host's own certificate is approved too.
+    let ns = TestNamespace::create(&admin, "csr-identity").await.unwrap();
+    let byohosts = Api::<ByoHost>::namespaced(admin.clone(), ns.name());
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+
+    // Renewal needs the host's ByoHost: without one (never registered, or deleted by an
+    // administrator, which revokes the identity) it stays pending.
+    let orphan = format!("byoh-{host}-orphan-{run}");
+    file(&as_host, &orphan, &v()).await;
+    let note = refused_with(&admin, &orphan).await;
+    assert!(
+        note.contains(&format!("no ByoHost named {host} exists")),
+        "{note}"
+    );
+    csrs.delete(&orphan, &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // With its ByoHost, renewal with the host's own certificate is approved.
+    byohosts
+        .create(
+            &PostParams::default(),
+            &ByoHost::new(&host, Default::default()),
+        )
+        .await
+        .unwrap();
     let renewal = format!("byoh-{host}-renew-{run}");
     let (renewal_request, _) = file(&as_host, &renewal, &v()).await;
     assert_signed_as_checked(&signed(&admin, &renewal).await, &renewal_request, &host);
 
+    // Revoked by an administrator: renewal stops.
+    annotate(&byohosts, &host, byoh_api::labels::REVOKED, "true").await;
+    let revoked = format!("byoh-{host}-revoked-{run}");
+    file(&as_host, &revoked, &v()).await;
+    let note = refused_with(&admin, &revoked).await;
+    assert!(note.contains("is revoked"), "{note}");
+    names.push(revoked);
+
     names.extend(pem_forgeries(&admin, &bootstrapper, &run).await);
 
-    // A bootstrap token may not take over a running host's identity: a ByoHost of that name
-    // with a current Lease exists.
-    let ns = TestNamespace::create(&admin, "csr-live-host")
-        .await
-        .unwrap();
+    // A bootstrap token may not take over a registered host's identity, whether it runs (a
+    // current Lease) or is offline (perhaps claimed, its bootstrap data readable by the host).
     let live = format!("live-{run}");
-    Api::<ByoHost>::namespaced(admin.clone(), ns.name())
+    byohosts
         .create(
             &PostParams::default(),
             &ByoHost::new(&live, Default::default()),
@@ -385,23 +414,65 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
         .unwrap();
     let takeover = format!("byoh-{live}-{run}");
     file(&bootstrapper, &takeover, &valid(&live)).await;
-    let note = eventually(
-        "a Warning on the takeover CSR",
-        Duration::from_secs(30),
-        || warning_for(&admin, &takeover),
-    )
-    .await;
-    assert!(note.contains("is live"), "{note}");
-    assert!(!approved(
-        &Api::<CertificateSigningRequest>::all(admin.clone())
-            .get(&takeover)
-            .await
-            .unwrap()
-    ));
+    let note = refused_with(&admin, &takeover).await;
+    assert!(
+        note.contains("already registered") && note.contains("running"),
+        "{note}"
+    );
     names.push(takeover);
 
+    let offline = format!("offline-{run}");
+    byohosts
+        .create(
+            &PostParams::default(),
+            &ByoHost::new(&offline, Default::default()),
+        )
+        .await
+        .unwrap();
+    let offline_takeover = format!("byoh-{offline}-{run}");
+    file(&bootstrapper, &offline_takeover, &valid(&offline)).await;
+    let note = refused_with(&admin, &offline_takeover).await;
+    assert!(
+        note.contains("already registered") && note.contains("not running"),
+        "{note}"
+    );
+    csrs.delete(&offline_takeover, &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // An administrator allows one re-enrolment (the machine was reinstalled): approved, and the
+    // permission is used up.
+    annotate(
+        &byohosts,
+        &offline,
+        byoh_api::labels::ALLOW_RE_ENROLMENT,
+        "true",
+    )
+    .await;
+    let re_enrolment = format!("byoh-{offline}-again-{run}");
+    let (request_pem, _) = file(&bootstrapper, &re_enrolment, &valid(&offline)).await;
+    assert_signed_as_checked(&signed(&admin, &re_enrolment).await, &request_pem, &offline);
+    eventually(
+        "the re-enrolment permission removed",
+        Duration::from_secs(30),
+        || async {
+            let h = byohosts.get(&offline).await.ok()?;
+            (!h.annotations()
+                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
+            .then_some(())
+        },
+    )
+    .await;
+    let second = format!("byoh-{offline}-twice-{run}");
+    file(&bootstrapper, &second, &valid(&offline)).await;
+    assert!(
+        refused_with(&admin, &second)
+            .await
+            .contains("already registered")
+    );
+    names.push(second);
+
     // Every forged CSR got its Warning naming the broken rule, and none is approved.
-    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
     for ((what, _, _, expected), name) in forged.iter().zip(&names) {
         let note = eventually(
             &format!("a Warning Event on CSR {name} ({what})"),
@@ -426,7 +497,7 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
     }
 
     approver.abort();
-    for name in names.iter().chain([&valid_name, &renewal]) {
+    for name in names.iter().chain([&valid_name, &renewal, &re_enrolment]) {
         let _ = csrs.delete(name, &DeleteParams::default()).await;
     }
     ns.cleanup(&admin).await.unwrap();
@@ -698,4 +769,34 @@ async fn pem_forgeries(admin: &Client, bootstrapper: &Client, run: &str) -> Vec<
     );
     csrs.delete(attack, &DeleteParams::default()).await.unwrap();
     created.into_iter().skip(1).map(|(_, n)| n).collect()
+}
+
+/// The note of the Warning that the approver published on CSR `name`, once it did; asserts the
+/// CSR is not approved.
+async fn refused_with(admin: &Client, name: &str) -> String {
+    let note = eventually(
+        &format!("a Warning Event on CSR {name}"),
+        Duration::from_secs(30),
+        || warning_for(admin, name),
+    )
+    .await;
+    let csr = Api::<CertificateSigningRequest>::all(admin.clone())
+        .get(name)
+        .await
+        .unwrap();
+    assert!(!approved(&csr), "{name} approved: {note}");
+    note
+}
+
+/// Sets annotation `key` of ByoHost `name` to `value`, as an administrator.
+async fn annotate(byohosts: &Api<ByoHost>, name: &str, key: &str, value: &str) {
+    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+    byohosts
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
 }

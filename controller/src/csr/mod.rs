@@ -35,20 +35,20 @@
 //!
 //! The API server already checks the CSR's self-signature when it is created.
 //!
-//! One more rule needs the API and lives outside [`decide`]: a bootstrap token may not obtain
-//! the certificate of a host that is running (a ByoHost of that name with a current Lease, in
-//! any namespace; see [`lease_is_live`]) — a running host renews with its own certificate, so
-//! such a request is an identity takeover. It gets the same Warning Event and is looked at again
-//! every minute.
+//! The rules that need the API live in [`identity`]: a bootstrap token may not enrol a name
+//! that a ByoHost already has unless an administrator allowed it once; a host renews only while
+//! its ByoHost exists and is not revoked. A CSR they refuse gets the same Warning Event and is
+//! looked at again every minute.
 
 use byoh_api::ByoHost;
+use byoh_api::labels;
 use futures::StreamExt as _;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -80,6 +80,7 @@ pub const MAX_EXPIRATION_SECS: i32 = 365 * 24 * 3600;
 pub const CONTROLLER_NAME: &str = "byoh-csr-approver";
 
 mod decide;
+pub mod identity;
 mod request;
 
 pub use decide::{Decision, Requester, decide};
@@ -162,31 +163,29 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                 Requester::Bootstrapper { token_id } => format!("bootstrap token {token_id}"),
                 Requester::Host => "the host itself (renewal)".to_string(),
             };
-            if matches!(requester, Requester::Bootstrapper { .. })
-                && let Some(namespace) =
-                    live_host(&ctx.client, &host)
-                        .await
-                        .map_err(|source| CsrError::Api {
-                            action: "checking for a live host of the same name",
-                            name: name.clone(),
-                            source,
-                        })?
-            {
-                let reason = format!(
-                    "host {host} is live (ByoHost {namespace}/{host} with a current Lease): a bootstrap token may not take over the identity of a running host, which renews with its own certificate; if the host was reinstalled, stop the old one or approve by hand (kubectl certificate approve {name})"
-                );
-                tracing::warn!(csr = %name, %reason, "certificate signing request not approved");
-                publish(
-                    &ctx,
-                    &csr,
-                    EventType::Warning,
-                    NOT_APPROVED_REASON,
-                    format!("not approved by byoh-controller: {reason}"),
-                )
-                .await?;
-                // Look again once the Lease may have expired.
-                return Ok(Action::requeue(Duration::from_secs(60)));
-            }
+            let hosts = identity::registered(&ctx.client, &host)
+                .await
+                .map_err(|source| CsrError::Api {
+                    action: "looking up the ByoHosts of the host name",
+                    name: name.clone(),
+                    source,
+                })?;
+            let used_re_enrolment = match identity::verdict(&host, &requester, &hosts, &name) {
+                identity::Verdict::Approve { used_re_enrolment } => used_re_enrolment,
+                identity::Verdict::Refuse(reason) => {
+                    tracing::warn!(csr = %name, %reason, "certificate signing request not approved");
+                    publish(
+                        &ctx,
+                        &csr,
+                        EventType::Warning,
+                        NOT_APPROVED_REASON,
+                        format!("not approved by byoh-controller: {reason}"),
+                    )
+                    .await?;
+                    // Look again: an administrator may allow re-enrolment, a Lease may expire.
+                    return Ok(Action::requeue(Duration::from_secs(60)));
+                }
+            };
             if ctx.manual {
                 tracing::info!(csr = %name, %host, requested_by = %by, "valid host CSR awaits manual approval");
                 publish(&ctx, &csr, EventType::Normal, MANUAL_REASON, format!("valid certificate request for host {host} from {by}; manual approval is on: check it, then run kubectl certificate approve {name}")).await?;
@@ -212,6 +211,20 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                     source,
                 })?;
             tracing::info!(csr = %name, %host, requested_by = %by, "approved host certificate signing request");
+            for namespace in used_re_enrolment {
+                // Used up: the permission allows one enrolment.
+                let patch = serde_json::json!({
+                    "metadata": { "annotations": { labels::ALLOW_RE_ENROLMENT: null } }
+                });
+                Api::<ByoHost>::namespaced(ctx.client.clone(), &namespace)
+                    .patch(&host, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|source| CsrError::Api {
+                        action: "removing the used re-enrolment permission",
+                        name: name.clone(),
+                        source,
+                    })?;
+            }
         }
     }
     Ok(Action::await_change())
@@ -231,28 +244,6 @@ pub fn lease_is_live(lease: &Lease, now: Timestamp) -> bool {
     }
 }
 
-/// The namespace of a ByoHost named `host` whose Lease (same namespace and name) is current,
-/// if any: such a host is running and renews its own certificate, so a bootstrap token asking
-/// for its name is an attempt to take over its identity.
-async fn live_host(client: &kube::Client, host: &str) -> Result<Option<String>, kube::Error> {
-    let hosts = Api::<ByoHost>::all(client.clone())
-        .list_metadata(&ListParams::default().fields(&format!("metadata.name={host}")))
-        .await?;
-    let now = Timestamp::now();
-    for h in hosts.items {
-        let Some(ns) = h.metadata.namespace else {
-            continue;
-        };
-        let lease = Api::<Lease>::namespaced(client.clone(), &ns)
-            .get_opt(host)
-            .await?;
-        if lease.is_some_and(|l| lease_is_live(&l, now)) {
-            return Ok(Some(ns));
-        }
-    }
-    Ok(None)
-}
-
 fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &CsrError, _ctx: Arc<Ctx>) -> Action {
     tracing::warn!(%error, "CSR approval failed; retrying in 10 s");
     Action::requeue(Duration::from_secs(10))
@@ -262,8 +253,9 @@ fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &CsrError, _ctx: Ar
 /// future to stop it). Watches every CSR (a CSR with a wrong signer must still get its Event).
 ///
 /// Needs: `certificatesigningrequests` get/list/watch, `certificatesigningrequests/approval`
-/// update, `signers` approve on `kubernetes.io/kube-apiserver-client`, and `events.k8s.io`
-/// events create/patch in namespace `default` (Events of cluster-scoped objects go there).
+/// update, `signers` approve on `kubernetes.io/kube-apiserver-client`, `byohosts` list and patch
+/// and `leases` get ([`identity`]), and `events.k8s.io` events create/patch in namespace
+/// `default` (Events of cluster-scoped objects go there).
 ///
 /// # Errors
 /// None today; the `Result` leaves room for start-up checks.
