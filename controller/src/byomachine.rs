@@ -356,6 +356,11 @@ fn names(bm: &ByoMachine) -> Result<Names, Error> {
 /// [`Error`] when an API request fails.
 pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciled(NAME);
+    // Selection and release decide from the host and Lease caches: after a start or a leader
+    // change, an empty cache would read as "no host" or "host offline" (a release would then
+    // skip the agent's graceful clean-up). Wait until both hold their first list.
+    ctx.hosts_ready.wait().await;
+    ctx.leases_ready.wait().await;
     let n = names(&bm)?;
     let api: Api<ByoMachine> = Api::namespaced(ctx.client.clone(), &n.ns);
     let cluster_name = bm.labels().get(labels::CLUSTER_NAME).cloned();

@@ -148,6 +148,12 @@ pub struct Context {
     /// Whether [`Context::machines`] holds its first full list: until then a Machine missing
     /// from it may still exist, so hosts held for a previous Machine stay held.
     pub machines_ready: CacheReady,
+    /// Whether [`Context::hosts`] holds its first full list (after a start or a leader change,
+    /// selection and release wait for it).
+    pub hosts_ready: CacheReady,
+    /// Whether [`Context::leases`] holds its first full list: until then a missing Lease would
+    /// read as "host offline" and a release would skip the agent's graceful clean-up.
+    pub leases_ready: CacheReady,
     /// In-process bookkeeping of claims (see [`Claims`]).
     pub claims: Mutex<Claims>,
 }
@@ -211,10 +217,22 @@ impl Context {
             + std::fmt::Debug,
         K::DynamicType: Default,
     {
-        match &self.settings.namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        }
+        scoped_api(&self.client, &self.settings)
+    }
+}
+
+/// Api of a namespaced kind in the watched namespace (`--namespace`), or all namespaces.
+fn scoped_api<K>(client: &Client, settings: &Settings) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    match &settings.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     }
 }
 
@@ -545,6 +563,24 @@ async fn run_controllers(
         watcher(machine_api, watch_config(&settings)),
         "Machine",
     );
+    let host_api: Api<ByoHost> = scoped_api(&client, &settings);
+    let (host_cache, hosts_ready) = cache_stream(
+        hosts_writer,
+        watcher(host_api, watcher::Config::default().any_semantic()),
+        "ByoHost",
+    );
+    // Only the hosts' Leases (labelled by the agent), not every Lease of the cluster.
+    let lease_api: Api<Lease> = scoped_api(&client, &settings);
+    let (lease_cache, leases_ready) = cache_stream(
+        leases_writer,
+        watcher(
+            lease_api,
+            watcher::Config::default()
+                .labels(byoh_api::labels::HOST)
+                .any_semantic(),
+        ),
+        "Lease",
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
@@ -553,6 +589,8 @@ async fn run_controllers(
         clusters,
         machines,
         machines_ready,
+        hosts_ready: hosts_ready.clone(),
+        leases_ready: leases_ready.clone(),
         claims: Mutex::new(Claims::default()),
         settings,
     });
@@ -574,31 +612,13 @@ async fn run_controllers(
     let byocluster_clusters = cluster_events.subscribe();
     let hostaccess_hosts = host_events.subscribe();
 
-    let host_api: Api<ByoHost> = ctx.api();
     let host_ctx = ctx.clone();
-    let (host_cache, hosts_ready) = cache_stream(
-        hosts_writer,
-        watcher(host_api, watcher::Config::default().any_semantic()),
-        "ByoHost",
-    );
     let host_cache = host_cache
         .map(move |host| {
             crate::byomachine::on_host_event(&host_ctx, &host);
             host
         })
         .fold(host_events, FanOut::publish);
-    // Only the hosts' Leases (labelled by the agent), not every Lease of the cluster.
-    let lease_api: Api<Lease> = ctx.api();
-    let (lease_cache, leases_ready) = cache_stream(
-        leases_writer,
-        watcher(
-            lease_api,
-            watcher::Config::default()
-                .labels(byoh_api::labels::HOST)
-                .any_semantic(),
-        ),
-        "Lease",
-    );
     let lease_cache = lease_cache.fold(lease_events, FanOut::publish);
 
     let cluster_cache = cluster_cache.fold(cluster_events, FanOut::publish);
