@@ -143,21 +143,24 @@ async fn publish(
         })
 }
 
+/// Leaves `csr` pending: a warning in the log and a Warning Event saying `reason`.
+async fn refuse(ctx: &Ctx, csr: &CertificateSigningRequest, reason: &str) -> Result<(), CsrError> {
+    tracing::warn!(csr = %csr.name_any(), %reason, "certificate signing request not approved");
+    publish(
+        ctx,
+        csr,
+        EventType::Warning,
+        NOT_APPROVED_REASON,
+        format!("not approved by byoh-controller: {reason}"),
+    )
+    .await
+}
+
 async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result<Action, CsrError> {
     let name = csr.name_any();
     match decide(&csr) {
         Decision::AlreadyDecided | Decision::NotOurs => {}
-        Decision::Refuse { reason } => {
-            tracing::warn!(csr = %name, %reason, "certificate signing request not approved");
-            publish(
-                &ctx,
-                &csr,
-                EventType::Warning,
-                NOT_APPROVED_REASON,
-                format!("not approved by byoh-controller: {reason}"),
-            )
-            .await?;
-        }
+        Decision::Refuse { reason } => refuse(&ctx, &csr, &reason).await?,
         Decision::Approve { host, requester } => {
             let by = match &requester {
                 Requester::Bootstrapper { token_id } => format!("bootstrap token {token_id}"),
@@ -173,15 +176,7 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
             let used_re_enrolment = match identity::verdict(&host, &requester, &hosts, &name) {
                 identity::Verdict::Approve { used_re_enrolment } => used_re_enrolment,
                 identity::Verdict::Refuse(reason) => {
-                    tracing::warn!(csr = %name, %reason, "certificate signing request not approved");
-                    publish(
-                        &ctx,
-                        &csr,
-                        EventType::Warning,
-                        NOT_APPROVED_REASON,
-                        format!("not approved by byoh-controller: {reason}"),
-                    )
-                    .await?;
+                    refuse(&ctx, &csr, &reason).await?;
                     // Look again: an administrator may allow re-enrolment, a Lease may expire.
                     return Ok(Action::requeue(Duration::from_secs(60)));
                 }
