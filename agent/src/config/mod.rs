@@ -624,6 +624,11 @@ pub fn check_label(key: &str, value: &str) -> Result<(), String> {
             "label value \"{value}\" is invalid; expected at most 63 characters of letters, digits, '-', '_', '.', starting and ending with a letter or digit"
         ));
     }
+    if byoh_api::labels::is_vetted(key) {
+        return Err(format!(
+            "label key \"{key}\" is protected: only an administrator marks a host as vetted (kubectl label byohost <name> {key}=...), a host may not set it"
+        ));
+    }
     if key.starts_with("byoh.infrastructure.cluster.x-k8s.io/")
         || key.starts_with("cluster.x-k8s.io/")
     {
