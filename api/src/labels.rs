@@ -28,6 +28,11 @@ pub const PROVIDER_NAME: &str = "infrastructure-byoh";
 /// immutability checks skip it.
 pub const TOPOLOGY_DRY_RUN: &str = "topology.cluster.x-k8s.io/dry-run";
 
+/// BYOH's own domain. On ByoHosts, annotations in it or in a subdomain of it (e.g.
+/// [`RELEASE_REQUESTED_AT`]) are the controller's or an administrator's: hosts may not set,
+/// change or remove them. Labels in it are partly the agent's ([`HOST_OS`], [`HOST_ARCH`]).
+pub const BYOH_DOMAIN: &str = "byoh.infrastructure.cluster.x-k8s.io";
+
 /// ByoHost: operating system `ID` (label set by the agent, e.g. `debian`).
 pub const HOST_OS: &str = "byoh.infrastructure.cluster.x-k8s.io/os";
 
@@ -65,3 +70,55 @@ pub const HOST: &str = "byoh.infrastructure.cluster.x-k8s.io/host";
 
 /// Well-known zone label; a ByoHost's failure domain.
 pub const FAILURE_DOMAIN: &str = "topology.kubernetes.io/zone";
+
+/// Domain of the protected ByoHost labels: `vetted.byoh.infrastructure.cluster.x-k8s.io` (and
+/// any subdomain of it). See [`VETTED_PREFIX`] and [`is_vetted`].
+pub const VETTED_DOMAIN: &str = "vetted.byoh.infrastructure.cluster.x-k8s.io";
+
+/// Prefix of ByoHost labels that only administrators set, like the kubelet's NodeRestriction
+/// prefix `node-restriction.kubernetes.io/` (Kubernetes docs, "Admission Controllers",
+/// NodeRestriction). An administrator marks a host they vetted, e.g.
+/// `kubectl label byohost worker-01 vetted.byoh.infrastructure.cluster.x-k8s.io/pool=prod`, and
+/// ByoMachineTemplates select on it (`selector.matchLabels`). The admission policy for hosts
+/// refuses any host request that sets, changes or removes such a label, and the agent refuses
+/// them in its configuration, so a host cannot put itself into a vetted pool.
+pub const VETTED_PREFIX: &str = "vetted.byoh.infrastructure.cluster.x-k8s.io/";
+
+/// Whether label `key` is protected: its prefix (before `/`) is [`VETTED_DOMAIN`] or a
+/// subdomain of it (as NodeRestriction treats `*.node-restriction.kubernetes.io`).
+pub fn is_vetted(key: &str) -> bool {
+    key.split_once('/').is_some_and(|(prefix, _)| {
+        prefix == VETTED_DOMAIN
+            || prefix
+                .strip_suffix(VETTED_DOMAIN)
+                .is_some_and(|sub| sub.ends_with('.'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vetted_keys_are_the_domain_and_its_subdomains() {
+        assert!(is_vetted(
+            "vetted.byoh.infrastructure.cluster.x-k8s.io/pool"
+        ));
+        assert!(is_vetted(
+            "a.vetted.byoh.infrastructure.cluster.x-k8s.io/pool"
+        ));
+        assert!(is_vetted(&format!("{VETTED_PREFIX}x")));
+        assert!(!is_vetted(
+            "xvetted.byoh.infrastructure.cluster.x-k8s.io/pool"
+        ));
+        assert!(!is_vetted("vetted.byoh.infrastructure.cluster.x-k8s.io"));
+        assert!(!is_vetted("byoh.infrastructure.cluster.x-k8s.io/os"));
+        assert!(!is_vetted("site"));
+    }
+
+    #[test]
+    fn controller_annotations_are_in_byoh_domain() {
+        assert!(RELEASE_REQUESTED_AT.starts_with(&format!("{BYOH_DOMAIN}/")));
+        assert!(VETTED_DOMAIN.ends_with(&format!(".{BYOH_DOMAIN}")));
+    }
+}

@@ -3,9 +3,20 @@
 //!
 //! - [`HOST_POLICY`]: requests by a host (user name `byoh:host:<name>`) on `byohosts` (and
 //!   `byohosts/status`): only the ByoHost named exactly `<name>` (equality, never a substring);
-//!   `spec` (the controller's claim and clean-up mark) empty on CREATE and unchanged on UPDATE;
-//!   labels `cluster.x-k8s.io/cluster-name` and `byoh.infrastructure.cluster.x-k8s.io/byomachine-name`
-//!   neither set on CREATE nor changed on UPDATE; no DELETE while claimed.
+//!   no DELETE while claimed; and nothing the controller or an administrator decides from may be
+//!   set on CREATE or added, changed or removed on UPDATE:
+//!   - `spec` (claim, clean-up mark, previous Machine): empty on CREATE, unchanged on UPDATE;
+//!   - labels with the prefix [`labels::VETTED_PREFIX`] (or a subdomain of it), like the
+//!     kubelet's NodeRestriction `node-restriction.kubernetes.io/` labels;
+//!   - labels `cluster.x-k8s.io/cluster-name` and `byoh.infrastructure.cluster.x-k8s.io/byomachine-name`;
+//!   - annotations in [`labels::BYOH_DOMAIN`] or its subdomains (the controller's release
+//!     clock [`labels::RELEASE_REQUESTED_AT`]);
+//!   - `metadata.finalizers` (one would make the ByoHost undeletable) and
+//!     `metadata.ownerReferences` (a dangling owner makes the garbage collector delete the
+//!     ByoHost, claimed or not).
+//!
+//!   Status writes match the same rules; the API server keeps a custom resource's metadata on
+//!   writes to its `status` subresource anyway (tested in `tests/tests/security_host_access.rs`).
 //! - [`LEASE_POLICY`]: a host may create, change or delete only the Lease named like itself.
 //! - [`TEMPLATE_POLICY`]: `spec` of ByoMachineTemplates and ByoClusterTemplates is immutable on
 //!   UPDATE (CAPI's rule: make a new template and point to it), except requests whose object
@@ -119,16 +130,47 @@ fn host_variables() -> Vec<Variable> {
     ]
 }
 
-/// CEL: value of label `key` on `obj` (`object` or `oldObject`), `''` when absent or null.
-fn label(obj: &str, key: &str) -> String {
+/// Fields of `ByoHostSpec` (all the controller's); a host may set none of them on CREATE. A unit
+/// test keeps this list equal to the CRD schema.
+const SPEC_FIELDS: [&str; 3] = ["claim", "needsCleanup", "previousMachineRef"];
+
+/// Host-policy variables `new<Name>`/`old<Name>`: `metadata.<field>` of `object`/`oldObject`,
+/// `empty` when the object is null (CREATE, DELETE) or the field is absent.
+fn metadata_variables(name: &str, field: &str, empty: &str) -> [Variable; 2] {
+    [("new", "object"), ("old", "oldObject")].map(|(side, obj)| Variable {
+        name: format!("{side}{name}"),
+        expression: format!(
+            "{obj} != null && has({obj}.metadata.{field}) ? {obj}.metadata.{field} : {empty}"
+        ),
+    })
+}
+
+/// CEL predicate on a label or annotation key `k`: its prefix is `domain` or a subdomain of it.
+fn in_domain(domain: &str) -> String {
+    format!("(k.startsWith('{domain}/') || k.contains('.{domain}/'))")
+}
+
+/// CEL: on CREATE and UPDATE, the entries of map variables `new<name>`/`old<name>` whose key
+/// satisfies `pred` (on `k`) are the same: none added, changed or removed.
+fn entries_unchanged(name: &str, pred: &str) -> String {
+    let (new, old) = (
+        format!("variables.new{name}"),
+        format!("variables.old{name}"),
+    );
     format!(
-        "({obj} != null && has({obj}.metadata.labels) && '{key}' in {obj}.metadata.labels ? {obj}.metadata.labels['{key}'] : '')"
+        "request.operation == 'DELETE' || ({new}.all(k, !{pred} || (k in {old} && {old}[k] == {new}[k])) && {old}.all(k, !{pred} || k in {new}))"
     )
 }
 
 /// The ByoHost restriction for hosts (see the module documentation).
 pub fn host_policy() -> ValidatingAdmissionPolicy {
     let g = byoh_api::GROUP;
+    let spec = SPEC_FIELDS.join(", ");
+    let no_spec = SPEC_FIELDS
+        .iter()
+        .map(|f| format!("!has(object.spec.{f})"))
+        .collect::<Vec<_>>()
+        .join(" && ");
     let mut validations = vec![
         validation(
             "variables.objectName == variables.hostName",
@@ -136,13 +178,17 @@ pub fn host_policy() -> ValidatingAdmissionPolicy {
             "Forbidden",
         ),
         validation(
-            "request.operation != 'CREATE' || !has(object.spec) || (!has(object.spec.claim) && !has(object.spec.needsCleanup))",
-            "a host may not set spec (claim, needsCleanup) on the ByoHost it creates; spec is the controller's",
+            &format!("request.operation != 'CREATE' || !has(object.spec) || ({no_spec})"),
+            &format!(
+                "a host may not set spec ({spec}) on the ByoHost it creates; spec is the controller's"
+            ),
             "Forbidden",
         ),
         validation(
             "request.operation != 'UPDATE' || (has(object.spec) ? (has(oldObject.spec) && object.spec == oldObject.spec) : !has(oldObject.spec))",
-            "a host may not change spec (claim, needsCleanup) of its ByoHost; spec is the controller's",
+            &format!(
+                "a host may not change spec ({spec}) of its ByoHost; spec is the controller's"
+            ),
             "Forbidden",
         ),
         validation(
@@ -150,17 +196,51 @@ pub fn host_policy() -> ValidatingAdmissionPolicy {
             "a host may not delete its ByoHost while it is claimed; the ByoMachine must release it first",
             "Forbidden",
         ),
+        validation(
+            &entries_unchanged("Labels", &in_domain(labels::VETTED_DOMAIN)),
+            &format!(
+                "a host may not set, change or remove labels with the prefix {}; an administrator marks vetted hosts",
+                labels::VETTED_PREFIX
+            ),
+            "Forbidden",
+        ),
+        validation(
+            &entries_unchanged("Annotations", &in_domain(labels::BYOH_DOMAIN)),
+            &format!(
+                "a host may not set, change or remove annotations of {} or its subdomains (such as {}); they are the controller's",
+                labels::BYOH_DOMAIN,
+                labels::RELEASE_REQUESTED_AT
+            ),
+            "Forbidden",
+        ),
+        validation(
+            "request.operation == 'DELETE' || variables.newFinalizers == variables.oldFinalizers",
+            "a host may not set, change or remove metadata.finalizers of its ByoHost; they are the controller's",
+            "Forbidden",
+        ),
+        validation(
+            "request.operation == 'DELETE' || variables.newOwnerReferences == variables.oldOwnerReferences",
+            "a host may not set, change or remove metadata.ownerReferences of its ByoHost (garbage collection would delete it, claimed or not)",
+            "Forbidden",
+        ),
     ];
     for key in [labels::CLUSTER_NAME, labels::MACHINE_NAME] {
         validations.push(validation(
+            &entries_unchanged("Labels", &format!("(k == '{key}')")),
             &format!(
-                "request.operation == 'DELETE' || {} == {}",
-                label("object", key),
-                label("oldObject", key)
+                "a host may not set, change or remove the label {key}; it is the controller's"
             ),
-            &format!("a host may not set or change the label {key}; it is the controller's"),
             "Forbidden",
         ));
+    }
+    let mut variables = host_variables();
+    for (name, field, empty) in [
+        ("Labels", "labels", "{}"),
+        ("Annotations", "annotations", "{}"),
+        ("Finalizers", "finalizers", "[]"),
+        ("OwnerReferences", "ownerReferences", "[]"),
+    ] {
+        variables.extend(metadata_variables(name, field, empty));
     }
     policy(
         HOST_POLICY,
@@ -171,7 +251,7 @@ pub fn host_policy() -> ValidatingAdmissionPolicy {
             &["CREATE", "UPDATE", "DELETE"],
         )],
         host_condition(),
-        host_variables(),
+        variables,
         validations,
     )
 }
@@ -263,8 +343,58 @@ mod tests {
                 .iter()
                 .any(|e| e == "variables.objectName == variables.hostName")
         );
-        assert!(!exprs.iter().any(|e| e.contains("contains(")));
+        // Names are compared for equality, never as substrings (label keys may be).
+        let spec = host_policy().spec.unwrap();
+        let names: Vec<&str> = spec
+            .variables
+            .iter()
+            .flatten()
+            .map(|v| v.expression.as_str())
+            .chain(exprs.iter().map(String::as_str))
+            .filter(|e| e.contains("Name") || e.contains("name"))
+            .collect();
+        assert!(names.len() >= 3, "{names:?}");
+        assert!(!names.iter().any(|e| e.contains("contains(")), "{names:?}");
         assert!(exprs.iter().any(|e| e.contains(labels::MACHINE_NAME)));
+        for f in SPEC_FIELDS {
+            assert!(
+                exprs
+                    .iter()
+                    .any(|e| e.contains(&format!("!has(object.spec.{f})"))),
+                "{f}"
+            );
+        }
+        assert!(
+            exprs
+                .iter()
+                .any(|e| e.contains(&format!("'{}/'", labels::VETTED_DOMAIN)))
+        );
+        assert!(
+            exprs
+                .iter()
+                .any(|e| e.contains(&format!("'{}/'", labels::BYOH_DOMAIN)))
+        );
+    }
+
+    /// A new spec field must be added to [`SPEC_FIELDS`], or hosts could set it on CREATE.
+    #[test]
+    fn spec_fields_are_the_byohost_schema() {
+        let crd = byoh_api::crds::all()
+            .into_iter()
+            .find(|c| c.spec.names.kind == "ByoHost")
+            .unwrap();
+        let schema = crd.spec.versions[0]
+            .schema
+            .clone()
+            .unwrap()
+            .open_api_v3_schema
+            .unwrap();
+        let spec = &schema.properties.unwrap()["spec"];
+        let mut have: Vec<String> = spec.properties.clone().unwrap().into_keys().collect();
+        have.sort();
+        let mut want: Vec<String> = SPEC_FIELDS.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(have, want);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! ValidatingAdmissionPolicies do the rest. As `byoh:host:a`: its own ByoHost, status, Lease
 //! and bootstrap Secret are allowed; host `b`'s ByoHost and Secret, its own claim (spec),
 //! controller labels, a ByoHost or Lease named otherwise, and deleting its claimed ByoHost are
-//! refused.
+//! refused. Each field the controller or an administrator decides from (vetted labels, the
+//! release clock, finalizers, ownerReferences, spec, cluster label) can be neither set on
+//! CREATE nor added, changed or removed on UPDATE, through the object or its status.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -267,7 +269,7 @@ async fn a_host_reaches_only_its_own_objects() {
                     )
                     .await,
             ),
-            "may not set or change the label",
+            "may not set, change or remove the label",
         );
     }
     denied(
@@ -342,6 +344,308 @@ async fn a_host_reaches_only_its_own_objects() {
     .await;
     hosts.delete("a", &DeleteParams::default()).await.unwrap();
 
+    reconciler.abort();
+    ns.cleanup(&admin).await.unwrap();
+}
+
+/// Asserts that `s` is an admission refusal (403 or 422) whose message contains `text`.
+fn assert_denied(what: &str, s: &kube::core::Status, text: &str) {
+    assert!(s.code == 403 || s.code == 422, "{what}: {s:?}");
+    assert!(
+        s.message.contains(text),
+        "{what}: {:?} lacks {text:?}",
+        s.message
+    );
+}
+
+/// `patch` merged into `base` (RFC 7396 merge patch; `null` removes).
+fn merged(mut base: serde_json::Value, patch: &serde_json::Value) -> serde_json::Value {
+    match (base.as_object_mut(), patch.as_object()) {
+        (Some(b), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    let old = b.remove(k).unwrap_or(serde_json::Value::Null);
+                    b.insert(k.clone(), merged(old, v));
+                }
+            }
+            base
+        }
+        _ => patch.clone(),
+    }
+}
+
+/// A field of a ByoHost that a host may not write: merge patches that set it to a first and a
+/// second value and that remove it, and the words the refusals must contain.
+struct Protected {
+    host: &'static str,
+    set: [serde_json::Value; 2],
+    remove: serde_json::Value,
+    on_create: &'static str,
+    on_update: &'static str,
+}
+
+/// What a host's refused writes must leave unchanged.
+fn protected_state(h: &ByoHost) -> serde_json::Value {
+    json!([
+        h.metadata.labels,
+        h.metadata.annotations,
+        h.metadata.finalizers,
+        h.metadata.owner_references,
+        h.spec,
+        h.metadata.resource_version,
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_cannot_set_change_or_remove_what_the_controller_decides_from() {
+    use byoh_api::labels;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    let ns = TestNamespace::create(&admin, "host-fields").await.unwrap();
+    let reconciler = tokio::spawn(hostaccess::run(
+        controller_client().await.unwrap(),
+        HostAccessOptions {
+            namespace: Some(ns.name().into()),
+        },
+    ));
+    let pp = PostParams::default();
+    let admin_hosts: Api<ByoHost> = Api::namespaced(admin.clone(), ns.name());
+    // Real owners, so that the garbage collector leaves the ByoHost alone while an admin's
+    // ownerReference is in place.
+    let mut owners = Vec::new();
+    for name in ["owner-one", "owner-two"] {
+        let cm = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let cm = Api::<ConfigMap>::namespaced(admin.clone(), ns.name())
+            .create(&pp, &cm)
+            .await
+            .unwrap();
+        owners.push(json!({ "metadata": { "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": name,
+            "uid": cm.metadata.uid.unwrap(),
+        }] } }));
+    }
+    let [owner_one, owner_two]: [serde_json::Value; 2] = owners.try_into().unwrap();
+    let vetted = format!("{}pool", labels::VETTED_PREFIX);
+    let vetted_sub = format!("rack.{}", vetted);
+    let label = |key: &str, v: Option<&str>| json!({ "metadata": { "labels": { key: v } } });
+    let annotation =
+        |key: &str, v: Option<&str>| json!({ "metadata": { "annotations": { key: v } } });
+    let previous = |v: &str| {
+        json!({ "spec": { "previousMachineRef": {
+            "name": v, "uid": "00000000-0000-0000-0000-000000000002" } } })
+    };
+    let cases = [
+        Protected {
+            host: "vetted",
+            set: [label(&vetted, Some("prod")), label(&vetted, Some("dev"))],
+            remove: label(&vetted, None),
+            on_create: "labels with the prefix vetted.byoh.infrastructure.cluster.x-k8s.io/",
+            on_update: "labels with the prefix vetted.byoh.infrastructure.cluster.x-k8s.io/",
+        },
+        Protected {
+            host: "vetted-sub",
+            set: [label(&vetted_sub, Some("a")), label(&vetted_sub, Some("b"))],
+            remove: label(&vetted_sub, None),
+            on_create: "labels with the prefix vetted.byoh.infrastructure.cluster.x-k8s.io/",
+            on_update: "labels with the prefix vetted.byoh.infrastructure.cluster.x-k8s.io/",
+        },
+        Protected {
+            host: "clock",
+            set: [
+                annotation(labels::RELEASE_REQUESTED_AT, Some("2030-01-01T00:00:00Z")),
+                annotation(labels::RELEASE_REQUESTED_AT, Some("9999-12-31T00:00:00Z")),
+            ],
+            remove: annotation(labels::RELEASE_REQUESTED_AT, None),
+            on_create: "annotations of byoh.infrastructure.cluster.x-k8s.io",
+            on_update: "annotations of byoh.infrastructure.cluster.x-k8s.io",
+        },
+        Protected {
+            host: "fin",
+            set: [
+                json!({ "metadata": { "finalizers": ["example.com/one"] } }),
+                json!({ "metadata": { "finalizers": ["example.com/two"] } }),
+            ],
+            remove: json!({ "metadata": { "finalizers": null } }),
+            on_create: "metadata.finalizers",
+            on_update: "metadata.finalizers",
+        },
+        Protected {
+            host: "owned",
+            set: [owner_one, owner_two],
+            remove: json!({ "metadata": { "ownerReferences": null } }),
+            on_create: "metadata.ownerReferences",
+            on_update: "metadata.ownerReferences",
+        },
+        Protected {
+            host: "prev",
+            set: [previous("m1"), previous("m2")],
+            remove: json!({ "spec": { "previousMachineRef": null } }),
+            on_create: "may not set spec (claim, needsCleanup, previousMachineRef)",
+            on_update: "may not change spec",
+        },
+        Protected {
+            host: "cluster",
+            set: [
+                label(labels::CLUSTER_NAME, Some("c1")),
+                label(labels::CLUSTER_NAME, Some("c2")),
+            ],
+            remove: label(labels::CLUSTER_NAME, None),
+            on_create: "the label cluster.x-k8s.io/cluster-name",
+            on_update: "the label cluster.x-k8s.io/cluster-name",
+        },
+    ];
+    let ordinary = |name: &str| {
+        json!({
+            "apiVersion": byoh_api::API_VERSION, "kind": "ByoHost",
+            "metadata": { "name": name, "labels": { "site": "lab" } },
+            "spec": {},
+        })
+    };
+
+    // CREATE with the field: refused. Polls: the policy is enforced a moment after it changed.
+    for c in &cases {
+        let hosts: Api<ByoHost> = Api::namespaced(host_client(c.host).await.unwrap(), ns.name());
+        let with: ByoHost = serde_json::from_value(merged(ordinary(c.host), &c.set[0])).unwrap();
+        let s = eventually(
+            &format!("{}: create with the field refused", c.host),
+            Duration::from_secs(30),
+            || async {
+                match hosts.create(&pp, &with).await {
+                    Err(kube::Error::Api(s)) => Some(*s),
+                    Ok(_) => {
+                        let _ = admin_hosts.delete(c.host, &DeleteParams::default()).await;
+                        None
+                    }
+                    Err(e) => panic!("{}: create: {e}", c.host),
+                }
+            },
+        )
+        .await;
+        assert_denied(&format!("{}: create", c.host), &s, c.on_create);
+    }
+
+    for c in &cases {
+        let client = host_client(c.host).await.unwrap();
+        let hosts: Api<ByoHost> = Api::namespaced(client, ns.name());
+        let patch = |p: &serde_json::Value| {
+            let (hosts, p) = (hosts.clone(), p.clone());
+            async move {
+                hosts
+                    .patch(c.host, &PatchParams::default(), &Patch::Merge(p))
+                    .await
+            }
+        };
+        // The legitimate path: its ByoHost with ordinary labels, then (once its Role exists)
+        // a label change.
+        let own: ByoHost = serde_json::from_value(ordinary(c.host)).unwrap();
+        hosts.create(&pp, &own).await.unwrap();
+        eventually(
+            &format!("{}: may change its ordinary labels", c.host),
+            Duration::from_secs(30),
+            || async { patch(&label("site", Some("lab2"))).await.ok() },
+        )
+        .await;
+
+        // UPDATE that adds the field: refused, nothing stored.
+        let before = protected_state(&admin_hosts.get(c.host).await.unwrap());
+        let s = refused("add", patch(&c.set[0]).await);
+        assert_denied(&format!("{}: add", c.host), &s, c.on_update);
+        let s = refused(
+            "add with replace",
+            hosts
+                .replace(
+                    c.host,
+                    &pp,
+                    &serde_json::from_value(merged(
+                        serde_json::to_value(hosts.get(c.host).await.unwrap()).unwrap(),
+                        &c.set[0],
+                    ))
+                    .unwrap(),
+                )
+                .await,
+        );
+        assert_denied(&format!("{}: add (replace)", c.host), &s, c.on_update);
+        assert_eq!(
+            protected_state(&admin_hosts.get(c.host).await.unwrap()),
+            before,
+            "{}: add",
+            c.host
+        );
+
+        // An admin (or the controller) sets it; the host may neither change nor remove it.
+        admin_hosts
+            .patch(c.host, &PatchParams::default(), &Patch::Merge(&c.set[0]))
+            .await
+            .unwrap();
+        let before = protected_state(&admin_hosts.get(c.host).await.unwrap());
+        let s = refused("change", patch(&c.set[1]).await);
+        assert_denied(&format!("{}: change", c.host), &s, c.on_update);
+        let s = refused("remove", patch(&c.remove).await);
+        assert_denied(&format!("{}: remove", c.host), &s, c.on_update);
+        assert_eq!(
+            protected_state(&admin_hosts.get(c.host).await.unwrap()),
+            before,
+            "{}: change, remove",
+            c.host
+        );
+
+        // Through the status subresource: the status is written, the field is not.
+        for (what, p) in [("change", &c.set[1]), ("remove", &c.remove)] {
+            let phase = format!("status-{what}");
+            let mut p = p.clone();
+            p["status"] = json!({ "phase": phase });
+            let r = hosts
+                .patch_status(c.host, &PatchParams::default(), &Patch::Merge(p))
+                .await;
+            let after = admin_hosts.get(c.host).await.unwrap();
+            assert!(r.is_ok(), "{}: status {what}: {r:?}", c.host);
+            assert_eq!(
+                after.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some(phase.as_str())
+            );
+            let mut state = protected_state(&after);
+            let mut want = before.clone();
+            // Only the resourceVersion moves (the status changed).
+            state[5] = json!(null);
+            want[5] = json!(null);
+            assert_eq!(state, want, "{}: status {what}", c.host);
+        }
+
+        // Still the legitimate path: the agent's server-side apply of its labels.
+        hosts
+            .patch(
+                c.host,
+                &PatchParams::apply("byoh-agent").force(),
+                &Patch::Apply(json!({
+                    "apiVersion": byoh_api::API_VERSION, "kind": "ByoHost",
+                    "metadata": { "name": c.host, "labels": {
+                        "site": "lab3", labels::HOST_OS: "debian" } },
+                })),
+            )
+            .await
+            .unwrap();
+    }
+
+    // Finalizers an admin set must go before the namespace can.
+    admin_hosts
+        .patch(
+            "fin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
     reconciler.abort();
     ns.cleanup(&admin).await.unwrap();
 }

@@ -595,7 +595,10 @@ pub fn load(main: &Path, overrides: Overrides) -> Result<Settings, ConfigError> 
 use byoh_api::names::{check_dns_label, check_dns_subdomain, check_host_name};
 
 /// Checks a Kubernetes label key and value (`[prefix/]name`, name and value ≤ 63 characters of
-/// `[A-Za-z0-9._-]`, alphanumeric at both ends; prefix an RFC 1123 subdomain).
+/// `[A-Za-z0-9._-]`, alphanumeric at both ends; prefix an RFC 1123 subdomain). Refuses keys an
+/// agent may not set: the administrators' protected prefix
+/// [`byoh_api::labels::VETTED_PREFIX`] (and its subdomains), and the BYOH and Cluster API
+/// prefixes.
 ///
 /// # Errors
 /// A message saying what is wrong and what is expected.
@@ -622,6 +625,11 @@ pub fn check_label(key: &str, value: &str) -> Result<(), String> {
     if !name_ok(value, true) {
         return Err(format!(
             "label value \"{value}\" is invalid; expected at most 63 characters of letters, digits, '-', '_', '.', starting and ending with a letter or digit"
+        ));
+    }
+    if byoh_api::labels::is_vetted(key) {
+        return Err(format!(
+            "label key \"{key}\" is protected: only an administrator marks a host as vetted (kubectl label byohost <name> {key}=...), a host may not set it"
         ));
     }
     if key.starts_with("byoh.infrastructure.cluster.x-k8s.io/")

@@ -49,7 +49,10 @@ pub struct RawHost {
     #[schemars(with = "Option<String>")]
     pub name: Option<Spanned<String>>,
     /// ByoHost labels for ByoMachine selectors (merged label by label across fragments); the
-    /// agent adds `byoh.infrastructure.cluster.x-k8s.io/os` and `/arch` itself.
+    /// agent adds `byoh.infrastructure.cluster.x-k8s.io/os` and `/arch` itself. Keys under
+    /// `byoh.infrastructure.cluster.x-k8s.io/` and `cluster.x-k8s.io/` are reserved, and the
+    /// protected `vetted.byoh.infrastructure.cluster.x-k8s.io/` labels are set by administrators
+    /// only (docs/security.md).
     #[schemars(with = "Option<BTreeMap<String, String>>")]
     pub labels: Option<Spanned<BTreeMap<String, String>>>,
     /// Kubernetes components (kubeadm, kubelet, containerd) are pre-installed: the installer never

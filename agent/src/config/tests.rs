@@ -293,6 +293,13 @@ fn label_rules() {
     assert!(check_label("site", "apac").is_ok());
     assert!(check_label("example.com/rack", "").is_ok());
     assert!(check_label("byoh.infrastructure.cluster.x-k8s.io/os", "debian").is_err());
+    for key in [
+        "vetted.byoh.infrastructure.cluster.x-k8s.io/pool",
+        "rack.vetted.byoh.infrastructure.cluster.x-k8s.io/pool",
+    ] {
+        let err = check_label(key, "prod").unwrap_err();
+        assert!(err.contains("protected") && err.contains(key), "{err}");
+    }
     assert!(check_label("-x", "v").is_err());
     assert!(check_label("x", &"v".repeat(64)).is_err());
     assert!(check_dns_subdomain("worker-01.example").is_ok());
