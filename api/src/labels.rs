@@ -118,7 +118,11 @@ mod tests {
 
     #[test]
     fn controller_annotations_are_in_byoh_domain() {
-        assert!(RELEASE_REQUESTED_AT.starts_with(&format!("{BYOH_DOMAIN}/")));
+        // The host policy protects every annotation of this domain: the controller's clock and
+        // the administrator's revocation and re-enrolment marks.
+        for key in [RELEASE_REQUESTED_AT, REVOKED, ALLOW_RE_ENROLMENT] {
+            assert!(key.starts_with(&format!("{BYOH_DOMAIN}/")), "{key}");
+        }
         assert!(VETTED_DOMAIN.ends_with(&format!(".{BYOH_DOMAIN}")));
     }
 }
