@@ -63,6 +63,21 @@ pub const REVOKED: &str = "byoh.infrastructure.cluster.x-k8s.io/revoked";
 /// obtain the certificate of a registered host; the CSR approver removes it when it approves.
 pub const ALLOW_RE_ENROLMENT: &str = "byoh.infrastructure.cluster.x-k8s.io/allow-re-enrolment";
 
+/// Namespace: an administrator designated it as a **host pool** (label, value `true`). Hosts
+/// may create and change their ByoHost and Lease only in such namespaces (admission policy), so
+/// a host name is never authority over objects outside the pools. See docs/security.md.
+pub const HOST_POOL: &str = "byoh.infrastructure.cluster.x-k8s.io/host-pool";
+
+/// Namespaces that are never host pools, whatever their labels: Kubernetes' own (their Leases
+/// are kube-controller-manager's, kube-scheduler's and the Nodes') and the controller's default
+/// namespace (its leader-election Lease).
+pub const RESERVED_NAMESPACES: &[&str] = &[
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+    "byoh-system",
+];
+
 /// Name of the ByoHost an object belongs to: on the host's `coordination.k8s.io` Lease (set
 /// by the agent; the controller watches only Leases with this label) and on the per-host Role
 /// and RoleBinding (set by the controller).

@@ -17,7 +17,12 @@
 //!
 //!   Status writes match the same rules; the API server keeps a custom resource's metadata on
 //!   writes to its `status` subresource anyway (tested in `tests/tests/security_host_access.rs`).
-//! - [`LEASE_POLICY`]: a host may create, change or delete only the Lease named like itself.
+//!
+//!   Last, the namespace must be a host pool: labelled [`labels::HOST_POOL`]`=true` by an
+//!   administrator and not one of [`labels::RESERVED_NAMESPACES`] (`kube-system`, ...).
+//! - [`LEASE_POLICY`]: a host may create, change or delete only the Lease named like itself,
+//!   labelled [`labels::HOST`]`=<its name>` (so never kube-controller-manager's or another
+//!   component's Lease that happens to have the host's name), and only in a host pool.
 //! - [`TEMPLATE_POLICY`]: `spec` of ByoMachineTemplates and ByoClusterTemplates is immutable on
 //!   UPDATE (CAPI's rule: make a new template and point to it), except requests whose object
 //!   carries the annotation `topology.cluster.x-k8s.io/dry-run` (ClusterClass dry-runs).
@@ -40,6 +45,40 @@ pub const HOST_POLICY: &str = "byoh-host-restriction";
 pub const LEASE_POLICY: &str = "byoh-host-lease-restriction";
 /// Name of the template immutability policy and its binding.
 pub const TEMPLATE_POLICY: &str = "byoh-template-immutability";
+
+/// CEL: the request's namespace is a host pool: labelled [`labels::HOST_POOL`]`=true` by an
+/// administrator and not one of [`labels::RESERVED_NAMESPACES`].
+fn in_pool() -> String {
+    let reserved = labels::RESERVED_NAMESPACES
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "namespaceObject != null && has(namespaceObject.metadata.labels) && '{key}' in namespaceObject.metadata.labels && namespaceObject.metadata.labels['{key}'] == 'true' && !(namespaceObject.metadata.name in [{reserved}])",
+        key = labels::HOST_POOL
+    )
+}
+
+/// The validation that a host writes only in a host pool (the `kind` of object named).
+fn pool_validation(kind: &str) -> Validation {
+    validation(
+        &format!("request.operation == 'DELETE' || ({})", in_pool()),
+        &format!(
+            "a host may create or change its {kind} only in a namespace an administrator designated as a host pool (namespace label {}=true; never {})",
+            labels::HOST_POOL,
+            labels::RESERVED_NAMESPACES.join(", ")
+        ),
+        "Forbidden",
+    )
+}
+
+/// CEL: value of label `key` on `obj` (`object` or `oldObject`), `''` when absent or null.
+fn label_value(obj: &str, key: &str) -> String {
+    format!(
+        "({obj} != null && has({obj}.metadata.labels) && '{key}' in {obj}.metadata.labels ? {obj}.metadata.labels['{key}'] : '')"
+    )
+}
 
 /// CEL: the request comes from a host identity.
 const IS_HOST: &str = "request.userInfo.username.startsWith('byoh:host:')";
@@ -233,6 +272,8 @@ pub fn host_policy() -> ValidatingAdmissionPolicy {
             "Forbidden",
         ));
     }
+    // Last, so that a request breaking another rule too is told that rule first.
+    validations.push(pool_validation("ByoHost"));
     let mut variables = host_variables();
     for (name, field, empty) in [
         ("Labels", "labels", "{}"),
@@ -268,11 +309,36 @@ pub fn lease_policy() -> ValidatingAdmissionPolicy {
         )],
         host_condition(),
         host_variables(),
-        vec![validation(
-            "variables.objectName == variables.hostName",
-            "a host may only create or change the Lease named exactly like itself",
-            "Forbidden",
-        )],
+        vec![
+            validation(
+                "variables.objectName == variables.hostName",
+                "a host may only create or change the Lease named exactly like itself",
+                "Forbidden",
+            ),
+            validation(
+                &format!(
+                    "request.operation == 'DELETE' || {} == variables.hostName",
+                    label_value("object", labels::HOST)
+                ),
+                &format!(
+                    "a host's Lease must carry the label {}=<the host's name>",
+                    labels::HOST
+                ),
+                "Forbidden",
+            ),
+            validation(
+                &format!(
+                    "request.operation == 'CREATE' || {} == variables.hostName",
+                    label_value("oldObject", labels::HOST)
+                ),
+                &format!(
+                    "a host may change or delete only a Lease it created (labelled {}=<its name>), never another component's Lease of the same name",
+                    labels::HOST
+                ),
+                "Forbidden",
+            ),
+            pool_validation("Lease"),
+        ],
     )
 }
 

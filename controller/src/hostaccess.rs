@@ -241,7 +241,7 @@ pub fn group_binding(role: &str, group: &str) -> ClusterRoleBinding {
 /// Errors of the host access reconciler.
 #[derive(Debug, thiserror::Error)]
 pub enum HostAccessError {
-    /// Writing a Role or RoleBinding failed.
+    /// Writing or deleting a Role or RoleBinding failed.
     #[error("writing {kind} {namespace}/{name}: {source}")]
     Api {
         /// `Role` or `RoleBinding`.
@@ -362,6 +362,34 @@ pub fn role_binding_up_to_date(have: &RoleBinding, want: &RoleBinding) -> bool {
         && have.subjects == want.subjects
 }
 
+/// Deletes `name` of kind `K` (called `kind` in errors) in `namespace`; already gone is fine.
+async fn delete<K>(
+    client: &kube::Client,
+    kind: &'static str,
+    namespace: &str,
+    name: &str,
+) -> Result<(), HostAccessError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    match Api::<K>::namespaced(client.clone(), namespace)
+        .delete(name, &Default::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(HostAccessError::Api {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+            source: Box::new(source),
+        }),
+    }
+}
+
 async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAccessError> {
     if host.metadata.deletion_timestamp.is_some() {
         // The Role goes with the ByoHost (owner reference); until then it stays as it is.
@@ -374,6 +402,20 @@ async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAcce
     fn key<K: kube::Resource<DynamicType = ()>>(host: &ByoHost) -> ObjectRef<K> {
         ObjectRef::new(&role_name(&host.name_any()))
             .within(host.namespace().as_deref().unwrap_or_default())
+    }
+    let namespace = host.namespace().unwrap_or_default();
+    if byoh_api::labels::RESERVED_NAMESPACES.contains(&namespace.as_str()) {
+        // A host name is no authority here: the Lease of that name may be
+        // kube-controller-manager's or the controller's own. Grant nothing, take back anything.
+        tracing::warn!(byoh_host = %host.name_any(), %namespace, "ByoHost in a reserved namespace: no host access is granted");
+        let name = role_name(&host.name_any());
+        if ctx.roles.get(&key::<Role>(&host)).is_some() {
+            delete::<Role>(&ctx.client, "Role", &namespace, &name).await?;
+        }
+        if ctx.bindings.get(&key::<RoleBinding>(&host)).is_some() {
+            delete::<RoleBinding>(&ctx.client, "RoleBinding", &namespace, &name).await?;
+        }
+        return Ok(Action::await_change());
     }
     let mut wrote = false;
     if !ctx

@@ -265,7 +265,10 @@ pub fn manager_cluster_role() -> ClusterRole {
             rule(
                 &["rbac.authorization.k8s.io"],
                 &["roles", "rolebindings"],
-                &["get", "list", "watch", "create", "update", "patch"],
+                // delete: a ByoHost in a reserved namespace loses any grant it had.
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
                 &[],
             ),
             // Leases: leader election (create/update its own), host liveness (read every
@@ -667,6 +670,12 @@ pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_controllers_namespace_is_never_a_host_pool() {
+        // Its leader-election Lease must be out of every host's reach (admission.rs).
+        assert!(byoh_api::labels::RESERVED_NAMESPACES.contains(&NAMESPACE));
+    }
 
     #[test]
     fn writes_one_file_per_crd_that_parses_back() {

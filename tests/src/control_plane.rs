@@ -87,7 +87,7 @@ pub async fn client() -> Option<Client> {
 }
 
 /// A namespace of its own for one test, named `t-<test>-<random>` and labelled
-/// [`NAMESPACE_LABEL`].
+/// [`NAMESPACE_LABEL`] and as a host pool ([`byoh_api::labels::HOST_POOL`]).
 ///
 /// Delete it with [`TestNamespace::cleanup`] at the end of the test; if the test panics first,
 /// dropping the guard deletes it (from a helper thread with a fresh client, since `Drop` cannot
@@ -107,7 +107,14 @@ impl TestNamespace {
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                labels: Some([(NAMESPACE_LABEL.to_string(), "true".to_string())].into()),
+                labels: Some(
+                    [
+                        (NAMESPACE_LABEL.to_string(), "true".to_string()),
+                        // Every test namespace is a host pool (hosts may register there).
+                        (byoh_api::labels::HOST_POOL.to_string(), "true".to_string()),
+                    ]
+                    .into(),
+                ),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()

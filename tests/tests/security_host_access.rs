@@ -5,7 +5,10 @@
 //! controller labels, a ByoHost or Lease named otherwise, and deleting its claimed ByoHost are
 //! refused. Each field the controller or an administrator decides from (vetted labels, the
 //! release clock, finalizers, ownerReferences, spec, cluster label) can be neither set on
-//! CREATE nor added, changed or removed on UPDATE, through the object or its status.
+//! CREATE nor added, changed or removed on UPDATE, through the object or its status. A host
+//! name is no authority outside host pools: `kube-controller-manager` can neither register in
+//! `kube-system` (nor in an unlabelled namespace) nor reach that namespace's Lease, and a
+//! Lease of its name that it did not create is out of its reach.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -49,9 +52,10 @@ fn secret(name: &str) -> Secret {
     }
 }
 
+/// Host `name`'s Lease as the agent writes it (labelled with the host's name).
 fn lease(name: &str) -> Lease {
     serde_json::from_value(json!({
-        "metadata": { "name": name },
+        "metadata": { "name": name, "labels": { byoh_api::labels::HOST: name } },
         "spec": { "holderIdentity": name, "leaseDurationSeconds": 40 }
     }))
     .unwrap()
@@ -771,4 +775,207 @@ async fn host_roles_are_written_only_when_they_differ_and_restored_when_changed(
 
     reconciler.abort();
     ns.cleanup(&admin).await.unwrap();
+}
+
+/// The review's attack: a bootstrap token enrols the name `kube-controller-manager` and the host
+/// registers in `kube-system`, where its per-host Role would grant kube-controller-manager's
+/// leader Lease. Hosts register only in host pools, reserved namespaces get no grants (one made
+/// before is taken back), and a Lease the host did not create is out of its reach.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_name_is_no_authority_outside_host_pools() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::rbac::v1::Role;
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    const NAME: &str = "kube-controller-manager";
+    let pp = PostParams::default();
+    let role = hostaccess::role_name(NAME);
+    let system_hosts: Api<ByoHost> = Api::namespaced(admin.clone(), "kube-system");
+    let system_roles: Api<Role> = Api::namespaced(admin.clone(), "kube-system");
+    let _ = system_hosts.delete(NAME, &DeleteParams::default()).await;
+
+    // A Role granted in kube-system before this rule existed (as the controller wrote it).
+    let _ = system_roles.delete(&role, &DeleteParams::default()).await;
+    let mut old_grant = hostaccess::host_role(&ByoHost::new(NAME, ByoHostSpec::default()));
+    old_grant.metadata.namespace = Some("kube-system".into());
+    old_grant.metadata.owner_references = None;
+    system_roles.create(&pp, &old_grant).await.unwrap();
+
+    let reconciler = tokio::spawn(hostaccess::run(
+        controller_client().await.unwrap(),
+        HostAccessOptions { namespace: None },
+    ));
+    let pool = TestNamespace::create(&admin, "pool").await.unwrap();
+    let not_pool = format!("t-not-pool-{}", random_lower(6));
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": not_pool } })).unwrap(),
+        )
+        .await
+        .unwrap();
+    let host = host_client(NAME).await.unwrap();
+
+    // The host may not register in kube-system, nor in a namespace nobody made a pool.
+    for ns in ["kube-system", not_pool.as_str()] {
+        let as_host: Api<ByoHost> = Api::namespaced(host.clone(), ns);
+        let as_admin: Api<ByoHost> = Api::namespaced(admin.clone(), ns);
+        let message = eventually(
+            &format!("the host's ByoHost refused in {ns}"),
+            Duration::from_secs(30),
+            || async {
+                match as_host
+                    .create(&pp, &ByoHost::new(NAME, ByoHostSpec::default()))
+                    .await
+                {
+                    Err(kube::Error::Api(s)) => Some(s.message),
+                    // The policy's new rule is not enforced yet: undo and try again.
+                    Ok(_) => {
+                        as_admin
+                            .delete(NAME, &DeleteParams::default())
+                            .await
+                            .unwrap();
+                        None
+                    }
+                    Err(e) => panic!("create in {ns}: {e}"),
+                }
+            },
+        )
+        .await;
+        assert!(message.contains("host pool"), "{ns}: {message}");
+    }
+
+    // In a pool it may, and gets its Role; the same ByoHost put into kube-system by an admin
+    // gets none, and the Role granted there before is taken back.
+    let pool_hosts: Api<ByoHost> = Api::namespaced(host.clone(), pool.name());
+    eventually(
+        "the host registers in its pool",
+        Duration::from_secs(30),
+        || async {
+            pool_hosts
+                .create(&pp, &ByoHost::new(NAME, ByoHostSpec::default()))
+                .await
+                .ok()
+        },
+    )
+    .await;
+    system_hosts
+        .create(&pp, &ByoHost::new(NAME, ByoHostSpec::default()))
+        .await
+        .unwrap();
+    let pool_roles: Api<Role> = Api::namespaced(admin.clone(), pool.name());
+    eventually(
+        "the host's Role in its pool",
+        Duration::from_secs(30),
+        || async { pool_roles.get(&role).await.ok() },
+    )
+    .await;
+    eventually(
+        "the Role granted in kube-system taken back",
+        Duration::from_secs(30),
+        || async {
+            system_roles
+                .get_opt(&role)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let system_leases: Api<Lease> = Api::namespaced(host.clone(), "kube-system");
+    let status = refused("get kube-system's Lease", system_leases.get(NAME).await);
+    assert_eq!(status.code, 403, "{status:?}");
+    let status = refused(
+        "patch kube-system's Lease",
+        system_leases
+            .patch(
+                NAME,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "holderIdentity": NAME } })),
+            )
+            .await,
+    );
+    assert_eq!(status.code, 403, "{status:?}");
+
+    // In its pool, a Lease of its name that another component made is out of its reach, and a
+    // Lease it creates must say whose it is.
+    let admin_leases: Api<Lease> = Api::namespaced(admin.clone(), pool.name());
+    let foreign: Lease = serde_json::from_value(json!({
+        "metadata": { "name": NAME },
+        "spec": { "holderIdentity": "someone-else", "leaseDurationSeconds": 15 }
+    }))
+    .unwrap();
+    admin_leases.create(&pp, &foreign).await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(host.clone(), pool.name());
+    let message = eventually(
+        "patching a foreign Lease refused",
+        Duration::from_secs(30),
+        || async {
+            match leases
+                .patch(
+                    NAME,
+                    &PatchParams::default(),
+                    // Even labelling it as its own (adopting it) is refused.
+                    &Patch::Merge(json!({
+                        "metadata": { "labels": { byoh_api::labels::HOST: NAME } },
+                        "spec": { "holderIdentity": NAME }
+                    })),
+                )
+                .await
+            {
+                // The admission policy's denial (not RBAC's: the host's Role grants the name).
+                Err(kube::Error::Api(s)) if s.message.contains("ValidatingAdmissionPolicy") => {
+                    Some(s.message)
+                }
+                Err(kube::Error::Api(_)) => None,
+                other => panic!("patching a foreign Lease: {other:?}"),
+            }
+        },
+    )
+    .await;
+    assert!(message.contains("only a Lease it created"), "{message}");
+    assert_eq!(
+        admin_leases
+            .get(NAME)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .as_deref(),
+        Some("someone-else")
+    );
+    admin_leases
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    let unlabelled: Lease = serde_json::from_value(json!({
+        "metadata": { "name": NAME },
+        "spec": { "holderIdentity": NAME, "leaseDurationSeconds": 15 }
+    }))
+    .unwrap();
+    let status = refused(
+        "create an unlabelled Lease",
+        leases.create(&pp, &unlabelled).await,
+    );
+    assert!(
+        status.message.contains("must carry the label"),
+        "{status:?}"
+    );
+    leases.create(&pp, &lease(NAME)).await.unwrap();
+
+    reconciler.abort();
+    system_hosts
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    namespaces
+        .delete(&not_pool, &DeleteParams::default())
+        .await
+        .unwrap();
+    pool.cleanup(&admin).await.unwrap();
 }
