@@ -11,6 +11,7 @@ pub mod docs;
 pub mod doctor;
 pub mod facts;
 pub mod fsutil;
+pub mod hostid;
 pub mod hostwork;
 pub mod identity;
 pub mod installer;
@@ -60,7 +61,7 @@ pub const EXIT_CODES: &[(u8, &str, &str)] = &[
     (
         EXIT_UNSUPPORTED,
         "EX_UNAVAILABLE",
-        "the host is not usable as it is: `run` on an unsupported OS or architecture (not restarted), `doctor` when a check fails, `status` when the agent never ran on this host",
+        "the host is not usable as it is: `run` on an unsupported OS or architecture, or on a clone of a registered host (another machine than the one recorded on its ByoHost; not restarted), `doctor` when a check fails, `status` when the agent never ran on this host",
     ),
     (
         EXIT_CONFIG,
@@ -84,6 +85,12 @@ pub enum AgentError {
     /// The host identity could not be obtained.
     #[error(transparent)]
     Identity(Box<identity::IdentityError>),
+    /// This host's identity facts (machine ID) could not be read.
+    #[error(transparent)]
+    HostId(#[from] hostid::HostIdError),
+    /// The ByoHost belongs to another machine: this host is a clone of a registered host.
+    #[error(transparent)]
+    CloneRefused(#[from] hostid::CloneRefused),
     /// The ByoHost or Lease could not be written.
     #[error(transparent)]
     Registration(Box<registration::RegistrationError>),
@@ -102,12 +109,15 @@ pub enum AgentError {
 
 impl AgentError {
     /// Exit status: 78 for configuration problems (including a hostname that needs
-    /// `[host] name`), 69 for an unsupported host, 1 otherwise.
+    /// `[host] name`), 69 for an unsupported host, a host without a machine ID or a clone of a
+    /// registered host (a restart cannot help; systemd does not restart on it), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             AgentError::Config(_)
             | AgentError::Facts(facts::FactsError::InvalidHostname { .. }) => EXIT_CONFIG,
-            AgentError::Unsupported(_) => EXIT_UNSUPPORTED,
+            AgentError::Unsupported(_) | AgentError::HostId(_) | AgentError::CloneRefused(_) => {
+                EXIT_UNSUPPORTED
+            }
             _ => EXIT_FAILURE,
         }
     }

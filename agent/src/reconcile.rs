@@ -11,8 +11,9 @@ use crate::registration::{self, Registration};
 use crate::status::{ObservedClaim, RuntimeRecorder, RuntimeStatus, now_rfc3339};
 use crate::systemd::dbus::SystemdManager;
 use crate::systemd::notify;
-use crate::{AgentError, fsutil};
+use crate::{AgentError, fsutil, hostid};
 use byoh_api::ByoHost;
+use byoh_api::byohost::HostIdentity;
 use byoh_api::conditions::phase;
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -104,6 +105,7 @@ pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
         systemd,
         metrics,
         runtime,
+        root: root.to_path_buf(),
     };
     let paths = IdentityPaths::new(&settings.state_dir);
     notify::status("Obtaining the host identity");
@@ -156,6 +158,32 @@ fn renewal_due(settings: &Settings, paths: &IdentityPaths) -> Option<SystemTime>
     Some(identity::renewal_time(before, after))
 }
 
+/// The client certificate (PEM) the agent authenticates with: the host certificate it manages,
+/// or the one embedded in a given kubeconfig; `None` for token or exec credentials.
+fn current_certificate(settings: &Settings, paths: &IdentityPaths) -> Option<Vec<u8>> {
+    let path = match &settings.credentials {
+        Credentials::Kubeconfig(path) => path,
+        Credentials::Bootstrap(_) => &paths.kubeconfig,
+    };
+    identity::embedded_certificate(&identity::read_kubeconfig(path).ok()?)
+}
+
+/// Refuses to act on `host` when it belongs to another machine ([`hostid::check`]); says so in
+/// `STATUS=` before the error ends the agent.
+fn check_identity(
+    host: &ByoHost,
+    here: &HostIdentity,
+    settings: &Settings,
+) -> Result<hostid::Decision, AgentError> {
+    hostid::check(host, here, &settings.state_dir).map_err(|refused| {
+        notify::status(&format!(
+            "Refusing to act as ByoHost {}/{}: this machine is not the one that registered it (a clone?); see the journal",
+            refused.namespace, refused.name
+        ));
+        refused.into()
+    })
+}
+
 /// Unix time at which the host certificate expires, if the agent holds one.
 fn certificate_expiry(paths: &IdentityPaths) -> Option<u64> {
     let kc = identity::read_kubeconfig(&paths.kubeconfig).ok()?;
@@ -166,15 +194,35 @@ fn certificate_expiry(paths: &IdentityPaths) -> Option<u64> {
         .map(|d| d.as_secs())
 }
 
+/// Registers the host: reads the ByoHost and checks its recorded identity before writing
+/// anything (a clone stops here), creates or adopts it, records or updates the identity with
+/// the facts, and renews the Lease. Transient API errors are retried with backoff.
 async fn register(
     reg: &Registration,
     settings: &Settings,
     facts: &Facts,
+    here: &HostIdentity,
 ) -> Result<ByoHost, AgentError> {
     let mut delay = Duration::from_secs(1);
     loop {
         let result = async {
-            let host = reg.ensure_host(facts, &settings.labels).await?;
+            let existing = reg.read_host().await?;
+            if let Some(host) = &existing {
+                check_identity(host, here, settings)?;
+            }
+            let host = reg
+                .ensure_host(facts, &settings.labels, existing.is_some())
+                .await?;
+            // Again on what the apply returned: the ByoHost may have been created meanwhile.
+            match check_identity(&host, here, settings)? {
+                hostid::Decision::Record => {
+                    tracing::info!("recording this host's identity on the ByoHost")
+                }
+                hostid::Decision::KeyChanged => tracing::info!(
+                    "same machine, new key or newly known facts: updating the host identity"
+                ),
+                hostid::Decision::Match | hostid::Decision::Mismatch(_) => {}
+            }
             let previous = host
                 .status
                 .as_ref()
@@ -182,14 +230,14 @@ async fn register(
                 .unwrap_or_default();
             let conditions =
                 registration::registered_conditions(&previous, host.metadata.generation);
-            reg.apply_status(facts, &conditions).await?;
+            reg.apply_status(facts, here, &conditions).await?;
             reg.renew_lease(settings.lease_duration).await?;
-            Ok::<_, registration::RegistrationError>(host)
+            Ok::<_, AgentError>(host)
         }
         .await;
         match result {
             Ok(host) => return Ok(host),
-            Err(e) if e.is_transient() => {
+            Err(AgentError::Registration(e)) if e.is_transient() => {
                 notify::extend_startup(u32::try_from(delay.as_secs()).unwrap_or(60) + 30);
                 notify::status(&format!(
                     "Registration failed ({e}); retrying in {}s",
@@ -199,7 +247,7 @@ async fn register(
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -209,6 +257,8 @@ struct Services {
     systemd: SystemdManager,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     runtime: RuntimeRecorder,
+    /// Filesystem root the host facts are read under (`/` in production).
+    root: std::path::PathBuf,
 }
 
 /// Aborts the background tasks of one `serve` round when it ends (renewal or shutdown).
@@ -274,8 +324,13 @@ async fn serve(
     let reg = Registration::new(client.clone(), &settings.namespace, name);
     notify::status("Running the preflight checks");
     let checks = doctor::run_checks(settings, Path::new("/"), Some(&client), Some(systemd)).await;
+    // Per round: a renewed certificate has a new key, which the recorded identity follows.
+    let here = hostid::gather(
+        &services.root,
+        current_certificate(settings, paths).as_deref(),
+    )?;
     notify::status("Registering the ByoHost");
-    register(&reg, settings, facts).await?;
+    register(&reg, settings, facts, &here).await?;
     runtime.update(|r| {
         let now = now_rfc3339();
         r.registered_at = Some(now.clone());
@@ -389,6 +444,9 @@ async fn serve(
             }
             event = events.next() => match event {
                 Some(Ok(host)) => {
+                    // Before any host work: the ByoHost may have been recorded by another
+                    // machine since (a clone that registered first while this agent was down).
+                    check_identity(&host, &here, settings)?;
                     observe_claim(&host, &mut claim, &settings.namespace, name);
                     let seen = host.spec.claim.as_ref().map(|c| ObservedClaim {
                         machine: c.machine_ref.name.clone(),
@@ -428,9 +486,10 @@ async fn serve(
                 if let Ok(now) = facts::gather(Path::new("/"), Some(name)) && now != facts {
                     tracing::info!("host facts changed; reporting them");
                     if let Ok(Ok(host)) = tokio::time::timeout(API_CALL_TIMEOUT, reg.hosts().get_status(name)).await {
+                        check_identity(&host, &here, settings)?;
                         let previous = host.status.map(|s| s.conditions).unwrap_or_default();
                         let conditions = registration::registered_conditions(&previous, host.metadata.generation);
-                        match call_timeout(API_CALL_TIMEOUT, reg.apply_status(&now, &conditions)).await {
+                        match call_timeout(API_CALL_TIMEOUT, reg.apply_status(&now, &here, &conditions)).await {
                             Ok(_) => facts = now,
                             Err(e) => tracing::warn!("reporting facts failed: {e}; will retry"),
                         }

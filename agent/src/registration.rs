@@ -3,6 +3,7 @@
 
 use crate::facts::Facts;
 use byoh_api::ByoHost;
+use byoh_api::byohost::HostIdentity;
 use byoh_api::conditions::{self, reasons, types};
 use byoh_api::labels;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -82,15 +83,33 @@ impl Registration {
         }
     }
 
-    /// Creates the ByoHost if missing (adopting an existing one of the same name), then applies
-    /// the agent's labels: `labels` plus `byoh.infrastructure.cluster.x-k8s.io/{os,arch}`.
+    /// Reads the ByoHost, before anything is written, so that its recorded identity can be
+    /// checked ([`crate::hostid`]). `None` when it does not exist or is not readable yet: a new
+    /// host may not read its ByoHost before the controller has made its per-host Role, which it
+    /// does once the ByoHost exists (403 on the read means "not readable yet", not "refused").
     ///
     /// # Errors
-    /// [`RegistrationError`] if the get, create or apply fails.
+    /// [`RegistrationError`] if the get fails otherwise.
+    pub async fn read_host(&self) -> Result<Option<ByoHost>, RegistrationError> {
+        match self.hosts.get_opt(&self.name).await {
+            Ok(found) => Ok(found),
+            Err(kube::Error::Api(s)) if s.code == 403 => Ok(None),
+            Err(e) => Err(self.err("reading", "ByoHost")(e)),
+        }
+    }
+
+    /// Creates the ByoHost unless `exists` (as [`Registration::read_host`] found; a conflict
+    /// on create adopts the existing one of the same name), then applies the agent's labels:
+    /// `labels` plus `byoh.infrastructure.cluster.x-k8s.io/{os,arch}`. Returns the ByoHost as
+    /// the apply left it (with its status).
+    ///
+    /// # Errors
+    /// [`RegistrationError`] if the create or apply fails.
     pub async fn ensure_host(
         &self,
         facts: &Facts,
         config_labels: &BTreeMap<String, String>,
+        exists: bool,
     ) -> Result<ByoHost, RegistrationError> {
         let mut all = config_labels.clone();
         all.insert(labels::HOST_OS.into(), facts.host_info.os_name.clone());
@@ -98,14 +117,6 @@ impl Registration {
             labels::HOST_ARCH.into(),
             facts.host_info.architecture.clone(),
         );
-        // Create first: a new host may not read its ByoHost before the controller has made its
-        // per-host Role, which it does once the ByoHost exists (403 on the read means "not
-        // readable yet", not "refused").
-        let exists = match self.hosts.get_opt(&self.name).await {
-            Ok(found) => found.is_some(),
-            Err(kube::Error::Api(s)) if s.code == 403 => false,
-            Err(e) => return Err(self.err("reading", "ByoHost")(e)),
-        };
         if !exists {
             let mut host = ByoHost::new(&self.name, Default::default());
             host.metadata.labels = Some(all.clone());
@@ -142,15 +153,17 @@ impl Registration {
             .map_err(self.err("applying labels of", "ByoHost"))
     }
 
-    /// Applies the registration part of the status: facts, addresses, agent version and
-    /// `conditions` (merged by type, so conditions other field managers own stay; the phase and
-    /// the host-work conditions belong to [`crate::hostwork`]).
+    /// Applies the registration part of the status: facts, addresses, agent version, the host
+    /// `identity` and `conditions` (merged by type, so conditions other field managers own stay;
+    /// the phase and the host-work conditions belong to [`crate::hostwork`]). Call it only once
+    /// [`crate::hostid::check`] allowed acting on the ByoHost.
     ///
     /// # Errors
     /// [`RegistrationError`] if the apply fails.
     pub async fn apply_status(
         &self,
         facts: &Facts,
+        identity: &HostIdentity,
         conditions: &[Condition],
     ) -> Result<ByoHost, RegistrationError> {
         let patch = serde_json::json!({
@@ -162,6 +175,7 @@ impl Registration {
                 "network": facts.network,
                 "addresses": facts.addresses,
                 "agentVersion": env!("CARGO_PKG_VERSION"),
+                "identity": identity,
                 "conditions": conditions,
             },
         });

@@ -153,10 +153,50 @@ pub struct ByoHostStatus {
     )]
     pub cleaned_machine_uid: Option<String>,
 
+    /// Which machine this ByoHost belongs to, recorded by the agent at its first registration.
+    /// An agent whose host does not match (a clone of the host: same name, same
+    /// `/var/lib/byoh`) refuses to act on this ByoHost. Absent until an agent that records it has
+    /// registered the host; that agent then records its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<HostIdentity>,
+
     /// Standard conditions (`Ready`, `Registered`, `BootstrapSucceeded`, `KubeletActive`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// What makes a host this host and not a copy of it: hashes of machine facts that a clone
+/// does not share (hypervisors give each VM its own SMBIOS UUID; a clone given its own
+/// machine-id differs there too) and the fingerprint of the key the agent authenticates with.
+///
+/// Raw values are never published: machine-id(5) says the machine ID "should be considered
+/// confidential" and that an application needing a stable identifier should use a keyed hash of
+/// it, as sd_id128_get_machine_app_specific(3) does. So the hashes are HMAC-SHA256 keyed with
+/// the fact, over a fixed BYOH application ID, in lower-case hex.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostIdentity {
+    /// Keyed hash of `/etc/machine-id` (machine-id(5)), 64 lower-case hex digits.
+    #[serde(rename = "machineIDHash")]
+    pub machine_id_hash: String,
+
+    /// Keyed hash of `/sys/class/dmi/id/product_uuid` (the SMBIOS system UUID, which kubeadm
+    /// also checks for node uniqueness), 64 lower-case hex digits; absent when the host has none
+    /// or it is not readable.
+    #[serde(
+        default,
+        rename = "productUUIDHash",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub product_uuid_hash: Option<String>,
+
+    /// SHA-256 of the DER SubjectPublicKeyInfo of the host's client certificate, 64 lower-case
+    /// hex digits (as `openssl x509 -pubkey -noout | openssl pkey -pubin -outform DER |
+    /// sha256sum`); absent when the agent authenticates without a client certificate. A changed
+    /// key on the same machine (a re-enrolled host) is legitimate and updates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_fingerprint: Option<String>,
 }
 
 /// Facts about a host's operating system and hardware, named like `Node.status.nodeInfo`.

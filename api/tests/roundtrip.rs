@@ -101,6 +101,11 @@ fn byohost() {
         phase: Some("Provisioned".into()),
         observed_machine_uid: Some("uid-1".into()),
         cleaned_machine_uid: Some("uid-0".into()),
+        identity: Some(HostIdentity {
+            machine_id_hash: "a".repeat(64),
+            product_uuid_hash: Some("b".repeat(64)),
+            key_fingerprint: Some("c".repeat(64)),
+        }),
         conditions: vec![condition("Ready"), condition("BootstrapSucceeded")],
     });
     let json = roundtrip(&host);
@@ -119,6 +124,12 @@ fn byohost() {
         25_000_000_000_i64
     );
     assert_eq!(json["status"]["conditions"][0]["observedGeneration"], 3);
+    assert_eq!(json["status"]["identity"]["machineIDHash"], "a".repeat(64));
+    assert_eq!(
+        json["status"]["identity"]["productUUIDHash"],
+        "b".repeat(64)
+    );
+    assert_eq!(json["status"]["identity"]["keyFingerprint"], "c".repeat(64));
     assert_eq!(host.claimed_by(), Some("uid-1"));
 }
 
