@@ -11,6 +11,7 @@
 //! each VM its own), both read under the agent's filesystem root and published only as keyed
 //! hashes; and the SHA-256 fingerprint of the public key of the host's client certificate.
 
+use crate::installer::download::hex;
 use byoh_api::byohost::HostIdentity;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -153,29 +154,14 @@ pub fn check(
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// HMAC-SHA256 (RFC 2104) of `message` under `key`.
+/// HMAC-SHA256 (RFC 2104) of `message` under `key` (the `hmac` crate).
 pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut block = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
+    use hmac::Mac as _;
+    #[allow(clippy::expect_used)] // provably infallible: HMAC takes keys of any length
+    let mut mac =
+        hmac::Hmac::<Sha256>::new_from_slice(key).expect("HMAC accepts keys of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
 }
 
 /// The published form of a machine fact: HMAC-SHA256 keyed with the fact (trimmed,
