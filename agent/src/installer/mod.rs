@@ -23,11 +23,16 @@ pub mod download;
 mod error;
 pub mod manifest;
 mod packages;
+mod probe;
 #[cfg(test)]
 mod tests;
 
 pub use error::InstallError;
 use error::invalid;
+pub use probe::under;
+use probe::{
+    active_swaps, containerd_present, is_swap_line, read_sysctl, sysctl_path, unit_enabled,
+};
 
 use checks::bare_version;
 pub use manifest::{Change, Entry, InstallManifest, KeptDir, MANIFEST_FILE, PackageManager};
@@ -318,16 +323,6 @@ fn file_key(path: &str) -> String {
     format!("file:{path}")
 }
 
-fn containerd_present(root: &Path) -> bool {
-    [
-        "usr/bin/containerd",
-        "usr/local/bin/containerd",
-        "usr/sbin/containerd",
-    ]
-    .iter()
-    .any(|p| root.join(p).exists())
-}
-
 /// Host preparation shared by the packages and tarball sources (before the components).
 fn preparation() -> Vec<Step> {
     vec![
@@ -448,65 +443,6 @@ fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) -> Vec<Step> 
         }
     }
     v
-}
-
-/// `path` (a host path) under `root`.
-pub fn under(root: &Path, path: &Path) -> PathBuf {
-    root.join(path.strip_prefix("/").unwrap_or(path))
-}
-
-/// Active swap devices from `<root>/proc/swaps`.
-fn active_swaps(root: &Path) -> Vec<String> {
-    std::fs::read_to_string(root.join("proc/swaps"))
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next())
-        .map(|d| d.replace("\\040", " "))
-        .collect()
-}
-
-/// Whether an fstab(5) line is an active swap entry.
-fn is_swap_line(line: &str) -> bool {
-    let t = line.trim_start();
-    if t.starts_with('#') {
-        return false;
-    }
-    let f: Vec<&str> = t.split_whitespace().collect();
-    f.len() >= 3 && f[2] == "swap"
-}
-
-/// Whether `unit` is enabled in `root`'s /etc/systemd/system (a symlink in a `.wants` or
-/// `.requires` directory; units enabled by presets under /usr/lib count too).
-fn unit_enabled(root: &Path, unit: &str) -> bool {
-    [
-        "etc/systemd/system",
-        "usr/lib/systemd/system",
-        "lib/systemd/system",
-    ]
-    .iter()
-    .any(|dir| {
-        std::fs::read_dir(root.join(dir))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                (n.ends_with(".wants") || n.ends_with(".requires"))
-                    && e.path().join(unit).symlink_metadata().is_ok()
-            })
-    })
-}
-
-fn sysctl_path(root: &Path, key: &str) -> PathBuf {
-    root.join("proc/sys").join(key.replace('.', "/"))
-}
-
-fn read_sysctl(root: &Path, key: &str) -> Option<String> {
-    std::fs::read_to_string(sysctl_path(root, key))
-        .ok()
-        .map(|s| s.trim().to_string())
 }
 
 /// What [`install`] would change, without changing anything (the Go original's "preview"). For
