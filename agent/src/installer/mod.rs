@@ -25,6 +25,7 @@ mod files;
 pub mod manifest;
 mod packages;
 mod probe;
+mod source;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +36,8 @@ pub use probe::under;
 use probe::{
     active_swaps, containerd_present, is_swap_line, read_sysctl, sysctl_path, unit_enabled,
 };
+pub use source::package_manager;
+use source::{Source, source_of};
 
 use checks::bare_version;
 pub use manifest::{Change, Entry, InstallManifest, KeptDir, MANIFEST_FILE, PackageManager};
@@ -42,7 +45,7 @@ pub use manifest::{Change, Entry, InstallManifest, KeptDir, MANIFEST_FILE, Packa
 use crate::cloudinit::{CommandRunner, Exit, RawCommand, stderr_tail};
 use crate::systemd::UnitManager;
 use byoh_api::byohost::HostInfo;
-use byoh_api::installer::{Artifact, K8sInstallerConfigSpec, PackagesSource, TarballSource};
+use byoh_api::installer::{Artifact, K8sInstallerConfigSpec};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -110,104 +113,6 @@ impl std::fmt::Display for PlannedChange {
 
 fn planned(s: impl Into<String>) -> PlannedChange {
     PlannedChange { summary: s.into() }
-}
-
-/// The one source of a spec.
-enum Source<'a> {
-    Preinstalled { skip_version_check: bool },
-    Packages(&'a PackagesSource, PackageManager),
-    Tarball(&'a TarballSource),
-}
-
-impl Source<'_> {
-    fn name(&self) -> &'static str {
-        match self {
-            Source::Preinstalled { .. } => "preinstalled",
-            Source::Packages(..) => "packages",
-            Source::Tarball(_) => "tarball",
-        }
-    }
-}
-
-/// The package manager of a host: apt on Debian and Ubuntu, dnf on the RHEL family.
-pub fn package_manager(os: &HostInfo) -> Option<PackageManager> {
-    match os.os_name.as_str() {
-        "debian" | "ubuntu" => Some(PackageManager::Apt),
-        "rhel" | "rocky" | "almalinux" | "centos" | "fedora" | "ol" => Some(PackageManager::Dnf),
-        _ => None,
-    }
-}
-
-fn source_of<'a>(req: &'a InstallRequest, os: &HostInfo) -> Result<Source<'a>, InstallError> {
-    bare_version(&req.kubernetes_version)?;
-    let s = &req.spec;
-    let n = [
-        s.preinstalled.is_some(),
-        s.packages.is_some(),
-        s.tarball.is_some(),
-    ]
-    .iter()
-    .filter(|x| **x)
-    .count();
-    if n != 1 {
-        return Err(invalid(format!(
-            "exactly one of preinstalled, packages or tarball must be set ({n} are)"
-        )));
-    }
-    if let Some(p) = &s.preinstalled {
-        return Ok(Source::Preinstalled {
-            skip_version_check: p.skip_version_check,
-        });
-    }
-    if let Some(t) = &s.tarball {
-        checks::artifact("kubeadm", &t.kubeadm)?;
-        checks::artifact("kubelet", &t.kubelet)?;
-        for (f, a) in [
-            ("kubectl", &t.kubectl),
-            ("containerd", &t.containerd),
-            ("cniPlugins", &t.cni_plugins),
-        ] {
-            if let Some(a) = a {
-                checks::artifact(f, a)?;
-            }
-        }
-        return Ok(Source::Tarball(t));
-    }
-    let p = s.packages.as_ref().ok_or_else(|| invalid("no source"))?;
-    checks::packages(p)?;
-    let os_text = format!("{} {}", os.os_name, os.os_version);
-    let manager = package_manager(os).ok_or_else(|| InstallError::UnsupportedOs {
-        source_kind: "packages",
-        os: os_text.clone(),
-        message: "neither apt (Debian, Ubuntu) nor dnf (RHEL family)".into(),
-    })?;
-    match manager {
-        PackageManager::Apt => {
-            if p.apt_repository.as_deref().unwrap_or("").is_empty() {
-                return Err(invalid(format!(
-                    "packages.aptRepository is required on {os_text}"
-                )));
-            }
-            if p.key_url.as_deref().unwrap_or("").is_empty() {
-                return Err(invalid(
-                    "packages.keyURL (an https URL of the repository's signing key) is required for apt",
-                ));
-            }
-        }
-        PackageManager::Dnf => {
-            if p.dnf_repository.as_deref().unwrap_or("").is_empty() {
-                return Err(invalid(format!(
-                    "packages.dnfRepository is required on {os_text}"
-                )));
-            }
-            if p.key_url.as_deref().unwrap_or("").is_empty() {
-                return Err(invalid(
-                    "packages.keyURL (an https URL of the repository's signing key) is required for dnf",
-                ));
-            }
-        }
-    }
-    Ok(Source::Packages(p, manager))
 }
 
 /// The kubelet unit of the `tarball` source (as kubernetes/release ships it, with the binary in

@@ -4,7 +4,7 @@
 use super::*;
 use crate::cloudinit::{CommandOutcome, Exit};
 use crate::systemd::fake::FakeUnits;
-use byoh_api::installer::{PreinstalledSource, TarballSource};
+use byoh_api::installer::{PackagesSource, PreinstalledSource, TarballSource};
 use sha2::Digest as _;
 use std::sync::Mutex;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
