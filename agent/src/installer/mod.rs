@@ -26,6 +26,7 @@ pub mod manifest;
 mod packages;
 mod probe;
 mod source;
+mod steps;
 #[cfg(test)]
 mod tests;
 
@@ -33,11 +34,11 @@ pub use error::InstallError;
 use error::invalid;
 use files::{copy_entry, install_file, mode_of, sync_dir, tmp_sibling};
 pub use probe::under;
-use probe::{
-    active_swaps, containerd_present, is_swap_line, read_sysctl, sysctl_path, unit_enabled,
-};
+use probe::{active_swaps, is_swap_line, read_sysctl, sysctl_path, unit_enabled};
 pub use source::package_manager;
-use source::{Source, source_of};
+use source::source_of;
+use steps::{Content, Step, file_key, steps};
+pub use steps::{kubeadm_dropin, kubelet_unit, systemd_cgroup};
 
 use checks::bare_version;
 pub use manifest::{Change, Entry, InstallManifest, KeptDir, MANIFEST_FILE, PackageManager};
@@ -113,243 +114,6 @@ impl std::fmt::Display for PlannedChange {
 
 fn planned(s: impl Into<String>) -> PlannedChange {
     PlannedChange { summary: s.into() }
-}
-
-/// The kubelet unit of the `tarball` source (as kubernetes/release ships it, with the binary in
-/// [`BIN_DIR`]).
-pub fn kubelet_unit() -> String {
-    format!(
-        "# Written by byoh-agent (K8sInstallerConfig tarball source); removed when the host is released.\n\
-         [Unit]\n\
-         Description=kubelet: The Kubernetes Node Agent\n\
-         Documentation=https://kubernetes.io/docs/\n\
-         Wants=network-online.target\n\
-         After=network-online.target\n\
-         \n\
-         [Service]\n\
-         ExecStart={BIN_DIR}/kubelet\n\
-         Restart=always\n\
-         StartLimitInterval=0\n\
-         RestartSec=10\n\
-         \n\
-         [Install]\n\
-         WantedBy=multi-user.target\n"
-    )
-}
-
-/// The kubeadm drop-in of the kubelet unit (kubernetes/release's `10-kubeadm.conf`); the
-/// extra-args file is `/etc/default/kubelet` on apt hosts, `/etc/sysconfig/kubelet` on dnf.
-pub fn kubeadm_dropin(manager: Option<PackageManager>) -> String {
-    let extra = match manager {
-        Some(PackageManager::Dnf) => "/etc/sysconfig/kubelet",
-        _ => "/etc/default/kubelet",
-    };
-    format!(
-        "# Written by byoh-agent (K8sInstallerConfig tarball source); removed when the host is released.\n\
-         # Note: This dropin only works with kubeadm and kubelet v1.11+\n\
-         [Service]\n\
-         Environment=\"KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf\"\n\
-         Environment=\"KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml\"\n\
-         # This is a file that \"kubeadm init\" and \"kubeadm join\" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically\n\
-         EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env\n\
-         # This is a file that the user can use for overrides of the kubelet args as a last resort.\n\
-         EnvironmentFile=-{extra}\n\
-         ExecStart=\n\
-         ExecStart={BIN_DIR}/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS\n"
-    )
-}
-
-fn modules_file() -> String {
-    format!(
-        "# Written by byoh-agent for Kubernetes; removed when the host is released.\n{}\n",
-        MODULES.join("\n")
-    )
-}
-
-fn sysctl_file() -> String {
-    let mut s = String::from(
-        "# Written by byoh-agent for Kubernetes; removed when the host is released.\n",
-    );
-    for (k, v) in SYSCTLS {
-        s.push_str(&format!("{k} = {v}\n"));
-    }
-    s
-}
-
-/// Where a file's content comes from.
-#[derive(Clone, Debug)]
-enum Content {
-    Text(String),
-    /// A verified download, by artifact name.
-    Artifact(&'static str),
-}
-
-/// One step of an install, in order.
-#[derive(Clone, Debug)]
-enum Step {
-    /// Download and verify an artifact; bundles are also extracted into a staging directory.
-    Download {
-        name: &'static str,
-        artifact: Artifact,
-        bundle: bool,
-    },
-    VerifyVersions,
-    SwapOff,
-    Fstab,
-    File {
-        path: PathBuf,
-        content: Content,
-        mode: u32,
-    },
-    Bundle {
-        name: &'static str,
-        dest: PathBuf,
-    },
-    Sysctls,
-    /// Restart `unit` if a change was recorded under one of `after` (keys).
-    Restart {
-        unit: &'static str,
-        warn_only: bool,
-        after: Vec<String>,
-    },
-    ContainerdConfig,
-    /// daemon-reload, enable containerd if needed, restart it if active (after a change), else
-    /// start it.
-    ContainerdService,
-    DaemonReload,
-    Enable(&'static str),
-    Start(&'static str),
-    Packages(packages::PackageSteps),
-    /// Something the operator should know, kept as a warning in the manifest.
-    Note(String),
-}
-
-const NO_CONTAINERD: &str = "containerd was not found (/usr/bin, /usr/local/bin, /usr/sbin) and no containerd bundle is given: its cgroup driver is not configured; the kubelet needs a container runtime";
-
-fn file_key(path: &str) -> String {
-    format!("file:{path}")
-}
-
-/// Host preparation shared by the packages and tarball sources (before the components).
-fn preparation() -> Vec<Step> {
-    vec![
-        Step::SwapOff,
-        Step::Fstab,
-        Step::File {
-            path: MODULES_FILE.into(),
-            content: Content::Text(modules_file()),
-            mode: 0o644,
-        },
-        Step::Restart {
-            unit: "systemd-modules-load.service",
-            warn_only: true,
-            after: vec![file_key(MODULES_FILE)],
-        },
-        Step::File {
-            path: SYSCTL_FILE.into(),
-            content: Content::Text(sysctl_file()),
-            mode: 0o644,
-        },
-        Step::Sysctls,
-        Step::Restart {
-            unit: "systemd-sysctl.service",
-            warn_only: true,
-            after: vec![file_key(SYSCTL_FILE)],
-        },
-    ]
-}
-
-fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) -> Vec<Step> {
-    let mut v = Vec::new();
-    match source {
-        Source::Preinstalled { skip_version_check } => {
-            if !skip_version_check {
-                v.push(Step::VerifyVersions);
-            }
-        }
-        Source::Packages(p, manager) => {
-            v.extend(preparation());
-            if containerd_present(&req.root) {
-                v.push(Step::ContainerdConfig);
-                v.push(Step::ContainerdService);
-            } else {
-                v.push(Step::Note(NO_CONTAINERD.into()));
-            }
-            v.push(Step::Packages(packages::PackageSteps::new(
-                p,
-                *manager,
-                &req.kubernetes_version,
-            )));
-            v.push(Step::DaemonReload);
-            v.push(Step::Enable(KUBELET_UNIT));
-            v.push(Step::Start(KUBELET_UNIT));
-        }
-        Source::Tarball(t) => {
-            let mut artifacts: Vec<(&'static str, &Artifact, bool)> = vec![
-                ("kubeadm", &t.kubeadm, false),
-                ("kubelet", &t.kubelet, false),
-            ];
-            if let Some(a) = &t.kubectl {
-                artifacts.push(("kubectl", a, false));
-            }
-            if let Some(a) = &t.containerd {
-                artifacts.push(("containerd", a, true));
-            }
-            if let Some(a) = &t.cni_plugins {
-                artifacts.push(("cni-plugins", a, true));
-            }
-            // Everything is downloaded and verified before the host is touched.
-            for (name, a, bundle) in &artifacts {
-                v.push(Step::Download {
-                    name,
-                    artifact: (*a).clone(),
-                    bundle: *bundle,
-                });
-            }
-            v.extend(preparation());
-            if t.containerd.is_some() {
-                v.push(Step::Bundle {
-                    name: "containerd",
-                    dest: "/".into(),
-                });
-            }
-            if t.cni_plugins.is_some() {
-                v.push(Step::Bundle {
-                    name: "cni-plugins",
-                    dest: CNI_BIN_DIR.into(),
-                });
-            }
-            if t.containerd.is_some() || containerd_present(&req.root) {
-                v.push(Step::ContainerdConfig);
-                v.push(Step::ContainerdService);
-            } else {
-                v.push(Step::Note(NO_CONTAINERD.into()));
-            }
-            for (name, _, bundle) in &artifacts {
-                if !bundle {
-                    v.push(Step::File {
-                        path: Path::new(BIN_DIR).join(name),
-                        content: Content::Artifact(name),
-                        mode: 0o755,
-                    });
-                }
-            }
-            v.push(Step::File {
-                path: KUBELET_UNIT_PATH.into(),
-                content: Content::Text(kubelet_unit()),
-                mode: 0o644,
-            });
-            v.push(Step::File {
-                path: KUBEADM_DROPIN_PATH.into(),
-                content: Content::Text(kubeadm_dropin(package_manager(os))),
-                mode: 0o644,
-            });
-            v.push(Step::DaemonReload);
-            v.push(Step::Enable(KUBELET_UNIT));
-            v.push(Step::Start(KUBELET_UNIT));
-        }
-    }
-    v
 }
 
 /// What [`install`] would change, without changing anything (the Go original's "preview"). For
@@ -1306,50 +1070,6 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
             self.start(CONTAINERD_UNIT).await
         }
     }
-}
-
-/// Sets `SystemdCgroup = true` for the runc runtime of a containerd config (version 2:
-/// `io.containerd.grpc.v1.cri`, version 3: `io.containerd.cri.v1.runtime`). `Ok(None)` when it
-/// is already set.
-pub fn systemd_cgroup(text: &str) -> Result<Option<String>, String> {
-    let mut doc: toml::Table = text.parse().map_err(|e| format!("not valid TOML: {e}"))?;
-    let version = doc.get("version").and_then(toml::Value::as_integer);
-    let plugin = match version {
-        Some(2) => "io.containerd.grpc.v1.cri",
-        Some(3) => "io.containerd.cri.v1.runtime",
-        other => {
-            return Err(format!(
-                "config version {} is not supported (2 or 3); migrate it with `containerd config migrate`",
-                other.map_or("1 (no version key)".to_string(), |v| v.to_string())
-            ));
-        }
-    };
-    let mut t = &mut doc;
-    for k in ["plugins", plugin, "containerd", "runtimes", "runc"] {
-        let v = t
-            .entry(k.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        t = v
-            .as_table_mut()
-            .ok_or_else(|| format!("{k} is not a table"))?;
-    }
-    let runc = t;
-    runc.entry("runtime_type".to_string())
-        .or_insert_with(|| toml::Value::String("io.containerd.runc.v2".into()));
-    let options = runc
-        .entry("options".to_string())
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-        .as_table_mut()
-        .ok_or("runc options is not a table")?;
-    if options.get("SystemdCgroup").and_then(toml::Value::as_bool) == Some(true) {
-        return Ok(None);
-    }
-    options.insert("SystemdCgroup".into(), toml::Value::Boolean(true));
-    let mut out = String::from(
-        "# SystemdCgroup = true set by byoh-agent for the kubelet's systemd cgroup driver; the original is restored when the host is released.\n",
-    );
-    out.push_str(&toml::to_string(&doc).map_err(|e| e.to_string())?);
-    Ok(Some(out))
 }
 
 /// Whether the entry at `real` (metadata `m`) is already what `what` puts there.

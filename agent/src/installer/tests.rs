@@ -1,6 +1,7 @@
 //! Installer unit tests: a temp-dir root, the fake UnitManager, a fake CommandRunner and a
 //! loopback HTTP server serving fixed bytes.
 
+use super::steps::modules_file;
 use super::*;
 use crate::cloudinit::{CommandOutcome, Exit};
 use crate::systemd::fake::FakeUnits;
