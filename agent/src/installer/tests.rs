@@ -3,10 +3,11 @@
 
 use super::steps::modules_file;
 use super::*;
-use crate::cloudinit::{CommandOutcome, Exit};
+use crate::cloudinit::{CommandOutcome, Exit, RawCommand};
 use crate::systemd::fake::FakeUnits;
-use byoh_api::installer::{PackagesSource, PreinstalledSource, TarballSource};
+use byoh_api::installer::{Artifact, PackagesSource, PreinstalledSource, TarballSource};
 use sha2::Digest as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::sync::Mutex;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
