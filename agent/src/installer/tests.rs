@@ -3,13 +3,14 @@
 
 use super::steps::modules_file;
 use super::*;
-use crate::cloudinit::{CommandOutcome, Exit, RawCommand};
+use crate::cloudinit::{CommandOutcome, CommandRunner, Exit, RawCommand};
 use crate::systemd::fake::FakeUnits;
 use byoh_api::byohost::HostInfo;
 use byoh_api::installer::{Artifact, PackagesSource, PreinstalledSource, TarballSource};
 use sha2::Digest as _;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
 use std::sync::Mutex;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
