@@ -1,4 +1,5 @@
-//! The step executor: applies one step to the host, recording the change in the manifest before making it and marking it done after.
+//! The step executor: applies one step to the host, recording the change in the manifest before
+//! making it and marking it done after.
 
 use super::files::{copy_entry, install_file, mode_of, tmp_sibling};
 use super::probe::{active_swaps, is_swap_line, read_sysctl, under, unit_enabled};

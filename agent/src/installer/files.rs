@@ -1,4 +1,5 @@
-//! File helpers: atomic copies through a temporary sibling (fsync, rename), modes and directory syncs.
+//! File helpers: atomic copies through a temporary sibling (fsync, rename), modes and directory
+//! syncs.
 
 use super::InstallError;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};

@@ -1,4 +1,5 @@
-//! Installing: runs the steps of the chosen source, each change recorded in the manifest before it is made.
+//! Installing: runs the steps of the chosen source, each change recorded in the manifest before it
+//! is made.
 
 use super::apply::Ctx;
 use super::source::source_of;

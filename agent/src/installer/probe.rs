@@ -1,4 +1,5 @@
-//! Host probes: what is already there (swap, enabled units, sysctls, containerd), read under a root.
+//! Host probes: what is already there (swap, enabled units, sysctls, containerd), read under a
+//! root.
 
 use std::path::{Path, PathBuf};
 

@@ -1,4 +1,5 @@
-//! Choosing the one source of a spec (preinstalled, packages or tarball) and checking that it is usable on this host.
+//! Choosing the one source of a spec (preinstalled, packages or tarball) and checking that it is
+//! usable on this host.
 
 use super::checks::{self, bare_version};
 use super::error::invalid;

@@ -1,4 +1,5 @@
-//! The step plan of each source, and the contents of the files it writes (kubelet unit, kubeadm drop-in, modules, sysctls, containerd's cgroup driver).
+//! The step plan of each source, and the contents of the files it writes (kubelet unit, kubeadm
+//! drop-in, modules, sysctls, containerd's cgroup driver).
 
 use super::probe::containerd_present;
 use super::source::{Source, package_manager};

@@ -1,4 +1,5 @@
-//! Uninstalling: reverts what the manifest records, last change first, then deletes it and its backups.
+//! Uninstalling: reverts what the manifest records, last change first, then deletes it and its
+//! backups.
 
 use super::apply::{Commands, argv};
 use super::files::{copy_entry, mode_of, sync_dir, tmp_sibling};
