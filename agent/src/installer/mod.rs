@@ -24,9 +24,15 @@ pub mod download;
 mod error;
 mod files;
 mod install;
+#[cfg(test)]
+mod install_tests;
 pub mod manifest;
 mod packages;
+#[cfg(test)]
+mod packages_tests;
 mod plan;
+#[cfg(test)]
+mod plan_tests;
 mod probe;
 mod source;
 mod steps;
