@@ -10,8 +10,10 @@
 //!   is known, and never flips back. `spec.failureDomains` is mirrored to the status.
 //! - Deletion waits only while ByoMachines of the cluster exist (never on ByoHosts).
 
+use crate::cache::Events;
 use crate::capi::{self, Cluster};
-use crate::run::{Context, Error, Events, FIELD_MANAGER, Shutdown};
+use crate::context::{CONCURRENCY, Context, FIELD_MANAGER, Shutdown};
+use crate::error::Error;
 use byoh_api::common::{ApiEndpoint, Initialization};
 use byoh_api::conditions::{self, reasons, types};
 use byoh_api::{ByoCluster, ByoClusterStatus, ByoMachine, finalizers, labels};
@@ -56,7 +58,7 @@ fn infrastructure_of(cluster: &Cluster) -> Option<ObjectRef<ByoCluster>> {
 }
 
 /// The ByoCluster controller, ending when `shutdown` resolves. `cluster_events` are the
-/// shared Cluster cache's events (see [`crate::run`]).
+/// shared Cluster cache's events (see [`crate::cache`]).
 pub fn controller(
     ctx: Arc<Context>,
     cluster_events: Events<Cluster>,
@@ -64,9 +66,8 @@ pub fn controller(
 ) -> impl Future<Output = ()> {
     let api: Api<ByoCluster> = ctx.api();
     let machines: Api<ByoMachine> = ctx.api();
-    let controller = crate::run::controller_for(api, ctx.watch_config()).with_config(
-        kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
-    );
+    let controller = crate::cache::controller_for(api, ctx.watch_config())
+        .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let store = controller.store();
     let machine_store = store.clone();
     controller

@@ -29,7 +29,8 @@
 //! for ByoMachines still waiting for a host — no fixed polling for hosts.
 
 use crate::capi::{self, Cluster, Machine};
-use crate::run::{Context, Error, FIELD_MANAGER, Shutdown, is_conflict, is_not_found};
+use crate::context::{CONCURRENCY, Context, FIELD_MANAGER, Shutdown};
+use crate::error::{Error, is_conflict, is_not_found};
 use crate::selection::{self, Request};
 use byoh_api::byohost::{HostClaim, MachineReference, NeedsCleanup};
 use byoh_api::byomachine::HostReference;
@@ -142,19 +143,19 @@ fn owner_machine_ref(bm: &ByoMachine) -> Option<MachineReference> {
     })
 }
 
-/// The shared caches' events the ByoMachine controller reacts to (see [`crate::run`]).
+/// The shared caches' events the ByoMachine controller reacts to (see [`crate::cache`]).
 #[derive(Debug)]
 pub struct Events {
     /// ByoHost changes: a claimed host concerns its claimer, a free one every ByoMachine
     /// waiting for a host.
-    pub hosts: crate::run::Events<ByoHost>,
+    pub hosts: crate::cache::Events<ByoHost>,
     /// Lease changes: a free host's Lease may make it available to waiting ByoMachines; a
     /// claimed host's Lease matters to its claimer only while it is being released.
-    pub leases: crate::run::Events<Lease>,
+    pub leases: crate::cache::Events<Lease>,
     /// CAPI Cluster changes concern the Cluster's ByoMachines.
-    pub clusters: crate::run::Events<Cluster>,
+    pub clusters: crate::cache::Events<Cluster>,
     /// CAPI Machine changes concern the Machine's ByoMachine.
-    pub machines: crate::run::Events<Machine>,
+    pub machines: crate::cache::Events<Machine>,
 }
 
 /// The ByoMachine controller, ending when `shutdown` resolves.
@@ -164,9 +165,8 @@ pub fn controller(
     shutdown: Shutdown,
 ) -> impl Future<Output = ()> {
     let api: Api<ByoMachine> = ctx.api();
-    let controller = crate::run::controller_for(api, ctx.watch_config()).with_config(
-        kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
-    );
+    let controller = crate::cache::controller_for(api, ctx.watch_config())
+        .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let store = controller.store();
     let (by_cluster, by_host, by_lease, by_machine) =
         (store.clone(), store.clone(), store.clone(), store);
