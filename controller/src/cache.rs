@@ -8,9 +8,9 @@ use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::sync::Arc;
 
-/// Events of a shared cache as a reconciler receives them: each object the cache changed or
+/// A reconciler's subscription to a shared cache (fed by `FanOut`): each object the cache changed or
 /// deleted, after the cache holds the change.
-pub type Events<K> = futures::channel::mpsc::Receiver<Arc<K>>;
+pub type Subscription<K> = futures::channel::mpsc::Receiver<Arc<K>>;
 
 /// Objects buffered per subscriber of a cache's events before the cache waits for it.
 const EVENT_BUFFER: usize = 1024;
@@ -29,7 +29,7 @@ impl<K> Default for FanOut<K> {
 }
 
 impl<K> FanOut<K> {
-    pub(crate) fn subscribe(&mut self) -> Events<K> {
+    pub(crate) fn subscribe(&mut self) -> Subscription<K> {
         let (tx, rx) = futures::channel::mpsc::channel(EVENT_BUFFER);
         self.subscribers.push(tx);
         rx

@@ -209,7 +209,7 @@ async fn run_controllers(
     let mut lease_events = FanOut::default();
     let mut cluster_events = FanOut::default();
     let mut machine_events = FanOut::default();
-    let byomachine_events = crate::byomachine::Events {
+    let byomachine_triggers = crate::byomachine::Triggers {
         hosts: host_events.subscribe(),
         leases: lease_events.subscribe(),
         clusters: cluster_events.subscribe(),
@@ -247,7 +247,7 @@ async fn run_controllers(
     let byocluster =
         crate::byocluster::controller(ctx.clone(), byocluster_clusters, shutdown.clone());
     let byomachine =
-        crate::byomachine::controller(ctx.clone(), byomachine_events, shutdown.clone());
+        crate::byomachine::controller(ctx.clone(), byomachine_triggers, shutdown.clone());
     // The other reconcilers (their own modules; they run until dropped).
     let csr = crate::csr::run(
         client.clone(),

@@ -43,7 +43,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use std::collections::HashSet;
@@ -58,7 +58,7 @@ mod triggers;
 use claim::{Claimed, claim_host, find_claimed_host};
 use provision::provision;
 use release::{drop_claim, release};
-pub use triggers::{Events, controller, on_host_event};
+pub use triggers::{Triggers, controller, on_host_event};
 
 /// Name of this reconciler in metrics and logs.
 pub const NAME: &str = "byomachine";
@@ -265,8 +265,10 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
     let ctx_ref = &ctx;
     finalizer(&api, finalizers::BYOMACHINE, bm, |event| async move {
         match event {
-            Event::Apply(bm) => provision(ctx_ref, api_ref, &bm, &machine, &cluster, status).await,
-            Event::Cleanup(_) => Ok(Action::await_change()),
+            FinalizerEvent::Apply(bm) => {
+                provision(ctx_ref, api_ref, &bm, &machine, &cluster, status).await
+            }
+            FinalizerEvent::Cleanup(_) => Ok(Action::await_change()),
         }
     })
     .await

@@ -3,25 +3,26 @@
 
 use super::*;
 
-/// The shared caches' events the ByoMachine controller reacts to (see [`crate::cache`]).
+/// What triggers ByoMachine reconciles: its subscriptions to the shared caches (see
+/// [`crate::cache`]).
 #[derive(Debug)]
-pub struct Events {
+pub struct Triggers {
     /// ByoHost changes: a claimed host concerns its claimer, a free one every ByoMachine
     /// waiting for a host.
-    pub hosts: crate::cache::Events<ByoHost>,
+    pub hosts: crate::cache::Subscription<ByoHost>,
     /// Lease changes: a free host's Lease may make it available to waiting ByoMachines; a
     /// claimed host's Lease matters to its claimer only while it is being released.
-    pub leases: crate::cache::Events<Lease>,
+    pub leases: crate::cache::Subscription<Lease>,
     /// CAPI Cluster changes concern the Cluster's ByoMachines.
-    pub clusters: crate::cache::Events<Cluster>,
+    pub clusters: crate::cache::Subscription<Cluster>,
     /// CAPI Machine changes concern the Machine's ByoMachine.
-    pub machines: crate::cache::Events<Machine>,
+    pub machines: crate::cache::Subscription<Machine>,
 }
 
 /// The ByoMachine controller, ending when `shutdown` resolves.
 pub fn controller(
     ctx: Arc<Context>,
-    events: Events,
+    triggers: Triggers,
     shutdown: Shutdown,
 ) -> impl Future<Output = ()> {
     let api: Api<ByoMachine> = ctx.api();
@@ -33,7 +34,7 @@ pub fn controller(
     let (lease_ctx, machine_ctx) = (ctx.clone(), ctx.clone());
     let each = |refs: Vec<ObjectRef<ByoMachine>>| futures::stream::iter(refs);
     controller
-        .reconcile_on(events.machines.flat_map(move |m| {
+        .reconcile_on(triggers.machines.flat_map(move |m| {
             // The Machine's own ByoMachine; and, once a Machine is gone, every ByoMachine
             // waiting for a host if a host was held back for it (spec.previousMachineRef).
             let mut refs: Vec<ObjectRef<ByoMachine>> = infrastructure_of(&m).into_iter().collect();
@@ -49,7 +50,7 @@ pub fn controller(
             }
             each(refs)
         }))
-        .reconcile_on(events.clusters.flat_map(move |c| {
+        .reconcile_on(triggers.clusters.flat_map(move |c| {
             let ns = c.namespace();
             let name = c.name_any();
             each(
@@ -63,7 +64,7 @@ pub fn controller(
                     .collect(),
             )
         }))
-        .reconcile_on(events.hosts.flat_map(move |host| {
+        .reconcile_on(triggers.hosts.flat_map(move |host| {
             let ns = host.namespace();
             let claimer = host.claimed_by().map(str::to_string);
             each(
@@ -81,7 +82,7 @@ pub fn controller(
                     .collect(),
             )
         }))
-        .reconcile_on(events.leases.flat_map(move |lease| {
+        .reconcile_on(triggers.leases.flat_map(move |lease| {
             let ns = lease.namespace();
             let host = lease_ctx
                 .hosts
