@@ -232,6 +232,13 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
         Time(now()),
     );
 
+    // Deletion is handled here, before `finalizer()`, not in its `Cleanup` branch: the helper
+    // removes the finalizer as soon as `Cleanup` returns `Ok`, whatever the `Action`, so a
+    // release still waiting for the agent (a requeue, not a failure) could only stay there by
+    // returning an error (error metric, `error_policy` backoff). The release also writes the
+    // ByoMachine's status while it waits. So the release runs first, and `finalizer()` is
+    // called only once it is done: its `Cleanup` closure has nothing left to do but let the
+    // helper remove the finalizer.
     if bm.meta().deletion_timestamp.is_some() {
         if !bm.finalizers().iter().any(|f| f == finalizers::BYOMACHINE) {
             return Ok(Action::await_change());
@@ -268,6 +275,8 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
             FinalizerEvent::Apply(bm) => {
                 provision(ctx_ref, api_ref, &bm, &machine, &cluster, status).await
             }
+            // Not reached: `finalizer()` decides from this same object, and a deleted one
+            // was handled above.
             FinalizerEvent::Cleanup(_) => Ok(Action::await_change()),
         }
     })
