@@ -1,7 +1,20 @@
 //! Claiming a host: selection over the cached pool, an update carrying the cached
 //! `resourceVersion`, retries on 409 Conflict, and keeping one host when two claims raced.
 
-use super::*;
+use super::release::drop_claim;
+use super::{CONFLICT_RETRIES, MAX_PICKS, Names, host_key, now, provider_id};
+use crate::context::{Context, FIELD_MANAGER};
+use crate::error::{Error, is_conflict, is_not_found};
+use crate::selection::{self, Request};
+use byoh_api::byohost::HostClaim;
+use byoh_api::{ByoHost, labels};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ListParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// The host claimed for this ByoMachine's UID: from the cache (lowest name if several), else
 /// a claim this process made that the cache does not show yet.

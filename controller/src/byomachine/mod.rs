@@ -29,35 +29,28 @@
 //! for ByoMachines still waiting for a host — no fixed polling for hosts.
 
 use crate::capi::{self, Cluster, Machine};
-use crate::context::{CONCURRENCY, Context, FIELD_MANAGER, Shutdown};
-use crate::error::{Error, is_conflict, is_not_found};
-use crate::selection::{self, Request};
-use byoh_api::byohost::{HostClaim, MachineReference, NeedsCleanup};
-use byoh_api::byomachine::HostReference;
-use byoh_api::common::{Initialization, LocalObjectReference};
+use crate::context::{Context, FIELD_MANAGER};
+use crate::error::Error;
+use byoh_api::byohost::MachineReference;
 use byoh_api::conditions::{self, reasons, types};
-use byoh_api::{ByoHost, ByoMachine, ByoMachineStatus, finalizers, labels};
-use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
+use byoh_api::{ByoMachine, ByoMachineStatus, finalizers, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod claim;
 mod provision;
 mod release;
 mod triggers;
 
-use claim::{Claimed, claim_host, find_claimed_host};
 use provision::provision;
-use release::{drop_claim, release};
+use release::release;
 pub use triggers::{Triggers, controller, on_host_event};
 
 /// Name of this reconciler in metrics and logs.

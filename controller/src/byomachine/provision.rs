@@ -1,7 +1,23 @@
 //! Provisioning a ByoMachine: wait for its gates, claim a host, then report the host's
 //! providerID, addresses and readiness once it has bootstrapped.
 
-use super::*;
+use super::claim::{Claimed, claim_host, find_claimed_host};
+use super::{WAIT_FOR_HOST_REQUEUE, apply_status, gate, machine_cached, names, now, wait};
+use crate::capi::{Cluster, Machine};
+use crate::context::Context;
+use crate::error::Error;
+use crate::selection::{self, Request};
+use byoh_api::byohost::{HostClaim, MachineReference};
+use byoh_api::byomachine::HostReference;
+use byoh_api::common::{Initialization, LocalObjectReference};
+use byoh_api::conditions::{self, reasons, types};
+use byoh_api::{ByoMachine, ByoMachineStatus, labels};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub(super) async fn provision(
     ctx: &Arc<Context>,

@@ -1,7 +1,22 @@
 //! Releasing a deleted ByoMachine's host: request the agent's clean-up, or drop the claim at
 //! once (host offline, timeout, forced) and mark the host `needsCleanup`.
 
-use super::*;
+use super::claim::find_claimed_host;
+use super::{Names, now, owner_machine_ref};
+use crate::context::{Context, FIELD_MANAGER};
+use crate::error::{Error, is_conflict, is_not_found};
+use crate::selection;
+use byoh_api::byohost::{MachineReference, NeedsCleanup};
+use byoh_api::conditions::{self, reasons, types};
+use byoh_api::{ByoHost, ByoMachine, ByoMachineStatus, labels};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Drops the claim of `machine_uid` from `host` (and its labels and release annotation),
 /// optionally marking the host `needsCleanup` with `reason`, and records `previous` (the

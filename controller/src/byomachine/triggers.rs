@@ -1,7 +1,18 @@
 //! What makes a ByoMachine reconcile (watch mapping from Machines, Clusters, ByoHosts and
 //! Leases), and the ByoHost cache callback that clears honoured clean-up marks.
 
-use super::*;
+use super::{error_policy, host_key, machine_cached, reconcile};
+use crate::capi::{Cluster, Machine};
+use crate::context::{CONCURRENCY, Context, FIELD_MANAGER, Shutdown};
+use crate::error::{is_conflict, is_not_found};
+use byoh_api::byohost::MachineReference;
+use byoh_api::{ByoHost, ByoMachine, labels};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::PostParams;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use std::sync::Arc;
 
 /// What triggers ByoMachine reconciles: its subscriptions to the shared caches (see
 /// [`crate::cache`]).
