@@ -1,4 +1,4 @@
-//! The controller process: wires the metrics server, leader election ([`crate::leader`]), the
+//! The controller process: wires the metrics server, leader election (`leader.rs`), the
 //! shared caches ([`crate::cache`]) and the reconcilers together, and shuts them down.
 //!
 //! [`run`] starts, in this order: the metrics/health server, leader election (a
