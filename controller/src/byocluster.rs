@@ -10,8 +10,10 @@
 //!   is known, and never flips back. `spec.failureDomains` is mirrored to the status.
 //! - Deletion waits only while ByoMachines of the cluster exist (never on ByoHosts).
 
+use crate::cache::Subscription;
 use crate::capi::{self, Cluster};
-use crate::run::{Context, Error, Events, FIELD_MANAGER, Shutdown};
+use crate::context::{CONCURRENCY, Context, FIELD_MANAGER, Shutdown};
+use crate::error::Error;
 use byoh_api::common::{ApiEndpoint, Initialization};
 use byoh_api::conditions::{self, reasons, types};
 use byoh_api::{ByoCluster, ByoClusterStatus, ByoMachine, finalizers, labels};
@@ -19,7 +21,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
@@ -56,17 +58,16 @@ fn infrastructure_of(cluster: &Cluster) -> Option<ObjectRef<ByoCluster>> {
 }
 
 /// The ByoCluster controller, ending when `shutdown` resolves. `cluster_events` are the
-/// shared Cluster cache's events (see [`crate::run`]).
+/// shared Cluster cache's events (see [`crate::cache`]).
 pub fn controller(
     ctx: Arc<Context>,
-    cluster_events: Events<Cluster>,
+    cluster_events: Subscription<Cluster>,
     shutdown: Shutdown,
 ) -> impl Future<Output = ()> {
     let api: Api<ByoCluster> = ctx.api();
     let machines: Api<ByoMachine> = ctx.api();
-    let controller = crate::run::controller_for(api, ctx.watch_config()).with_config(
-        kube::runtime::controller::Config::default().concurrency(crate::run::CONCURRENCY),
-    );
+    let controller = crate::cache::controller_for(api, ctx.watch_config())
+        .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let store = controller.store();
     let machine_store = store.clone();
     controller
@@ -198,8 +199,8 @@ pub async fn reconcile(bc: Arc<ByoCluster>, ctx: Arc<Context>) -> Result<Action,
         .and_then(|c| c.spec.control_plane_endpoint.clone());
     finalizer(&api, finalizers::BYOCLUSTER, bc, |event| async {
         match event {
-            Event::Apply(bc) => provision(&api, &bc, cluster_endpoint, status).await,
-            Event::Cleanup(_) => Ok(Action::await_change()),
+            FinalizerEvent::Apply(bc) => provision(&api, &bc, cluster_endpoint, status).await,
+            FinalizerEvent::Cleanup(_) => Ok(Action::await_change()),
         }
     })
     .await
@@ -221,7 +222,9 @@ async fn finish(
     );
     finalizer(api, finalizers::BYOCLUSTER, bc, |event| async move {
         match event {
-            Event::Apply(_) | Event::Cleanup(_) => Ok::<_, Error>(Action::await_change()),
+            FinalizerEvent::Apply(_) | FinalizerEvent::Cleanup(_) => {
+                Ok::<_, Error>(Action::await_change())
+            }
         }
     })
     .await

@@ -22,7 +22,7 @@
 //! Secrets and update/patch on Leases); it is given no `escalate`/`bind`, which would let it grant
 //! anything.
 
-use crate::run::CacheReady;
+use crate::cache::{CacheReady, cache_stream};
 use byoh_api::ByoHost;
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::rbac::v1::{
@@ -467,7 +467,7 @@ pub async fn run(client: kube::Client, opts: HostAccessOptions) -> anyhow::Resul
     let (hosts, writer) = reflector::store::<ByoHost>();
     let (tx, rx) = futures::channel::mpsc::channel(256);
     let watch = watcher(api, watcher::Config::default().any_semantic());
-    let (cache, _) = crate::run::cache_stream(writer, watch, "ByoHost");
+    let (cache, _) = cache_stream(writer, watch, "ByoHost");
     let cache = cache.map(|h| Ok(Arc::new(h))).forward(tx);
     tokio::select! {
         _ = cache => Ok(()),
@@ -505,8 +505,8 @@ pub async fn run_shared(
         Some(ObjectRef::new(host).within(obj.meta().namespace.as_deref()?))
     }
     let (role_events, roles_ready) =
-        crate::run::cache_stream(roles_writer, watcher(roles_api, selector.clone()), "Role");
-    let (binding_events, bindings_ready) = crate::run::cache_stream(
+        cache_stream(roles_writer, watcher(roles_api, selector.clone()), "Role");
+    let (binding_events, bindings_ready) = cache_stream(
         bindings_writer,
         watcher(bindings_api, selector),
         "RoleBinding",

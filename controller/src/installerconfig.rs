@@ -11,7 +11,8 @@
 //! host is released; the garbage collector then deletes it with the ByoMachine.
 
 use crate::capi::Machine;
-use crate::run::{Context, Error, FIELD_MANAGER, is_not_found};
+use crate::context::{Context, FIELD_MANAGER};
+use crate::error::{Error, is_not_found};
 use byoh_api::common::TypedLocalObjectReference;
 use byoh_api::installer::{
     K8sInstallerConfig, K8sInstallerConfigStatus, K8sInstallerConfigTemplate,

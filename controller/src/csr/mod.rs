@@ -50,7 +50,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Resource as _, ResourceExt as _};
 use std::sync::Arc;
@@ -126,7 +126,7 @@ async fn publish(
 ) -> Result<(), CsrError> {
     ctx.recorder
         .publish(
-            &Event {
+            &RecorderEvent {
                 type_,
                 reason: reason.into(),
                 note: Some(note),

@@ -1,0 +1,213 @@
+//! Provisioning a ByoMachine: wait for its gates, claim a host, then report the host's
+//! providerID, addresses and readiness once it has bootstrapped.
+
+use super::claim::{Claimed, claim_host, find_claimed_host};
+use super::{WAIT_FOR_HOST_REQUEUE, apply_status, gate, machine_cached, names, now, wait};
+use crate::capi::{Cluster, Machine};
+use crate::context::Context;
+use crate::error::Error;
+use crate::selection::{self, Request};
+use byoh_api::byohost::{HostClaim, MachineReference};
+use byoh_api::byomachine::HostReference;
+use byoh_api::common::{Initialization, LocalObjectReference};
+use byoh_api::conditions::{self, reasons, types};
+use byoh_api::{ByoMachine, ByoMachineStatus, labels};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(super) async fn provision(
+    ctx: &Arc<Context>,
+    api: &Api<ByoMachine>,
+    bm: &ByoMachine,
+    machine: &Machine,
+    cluster: &Cluster,
+    mut status: ByoMachineStatus,
+) -> Result<Action, Error> {
+    let n = names(bm)?;
+    let generation = bm.meta().generation;
+    let cluster_name = cluster.name_any();
+
+    // Already claimed (also after a crash between claim and status write)?
+    let mut host = find_claimed_host(ctx, &n).await?;
+    if host.is_none() {
+        if let Some(href) = status.host_ref.clone() {
+            // The host we had is gone (or lost our claim).
+            let provisioned =
+                status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
+            if provisioned {
+                wait(
+                    &mut status,
+                    reasons::HOST_DELETED,
+                    &format!(
+                        "ByoHost {} no longer exists or no longer carries this claim",
+                        href.name
+                    ),
+                    generation,
+                );
+                conditions::set(
+                    &mut status.conditions,
+                    types::HOST_CLAIMED,
+                    false,
+                    reasons::HOST_DELETED,
+                    "",
+                    generation,
+                    Time(now()),
+                );
+                apply_status(api, bm, &status).await?;
+                return Ok(Action::await_change());
+            }
+            status.host_ref = None;
+        }
+        if let Some((reason, message)) = gate(machine, cluster) {
+            wait(&mut status, reason, message, generation);
+            apply_status(api, bm, &status).await?;
+            return Ok(Action::await_change());
+        }
+        let secret = machine
+            .spec
+            .bootstrap
+            .data_secret_name
+            .clone()
+            .unwrap_or_default();
+        let ready_since = *ctx
+            .claims()
+            .ready_since
+            .entry(n.uid.clone())
+            .or_insert_with(Instant::now);
+        let installer_ref = match &bm.spec.installer_ref {
+            Some(r) => {
+                Some(crate::installerconfig::ensure(ctx, bm, r, machine, &cluster_name).await?)
+            }
+            None => None,
+        };
+        let claim = HostClaim {
+            machine_ref: MachineReference {
+                name: n.name.clone(),
+                uid: n.uid.clone(),
+            },
+            cluster_name: cluster_name.clone(),
+            bootstrap_secret_ref: LocalObjectReference { name: secret },
+            installer_ref,
+            kubernetes_version: machine.spec.version.clone(),
+            provider_id: String::new(),
+            claimed_at: None,
+            release_requested: false,
+        };
+        let machines_known = ctx.machines_ready.is_ready();
+        // Before the Machine cache is filled, absence proves nothing: keep such hosts held.
+        let machine_exists =
+            |m: &MachineReference| !machines_known || machine_cached(ctx, &n.ns, m);
+        let req = Request {
+            namespace: &n.ns,
+            selector: bm.spec.selector.as_ref(),
+            arch: bm.labels().get(labels::HOST_ARCH).map(String::as_str),
+            os: bm.labels().get(labels::HOST_OS).map(String::as_str),
+            kubernetes_version: machine.spec.version.as_deref(),
+            failure_domain: machine.spec.failure_domain.as_deref(),
+            cluster_name: &cluster_name,
+            machine_exists: Some(selection::MachineLookup(&machine_exists)),
+        };
+        match claim_host(ctx, &n, &req, &claim).await? {
+            Claimed::Host(h) => {
+                ctx.claims().ready_since.remove(&n.uid);
+                ctx.metrics
+                    .claim_duration
+                    .observe(ready_since.elapsed().as_secs_f64());
+                tracing::info!(byomachine = %n.name, namespace = %n.ns, host = ?h.metadata.name, "claimed host");
+                host = Some(h);
+            }
+            Claimed::NoneEligible(why) => {
+                wait(
+                    &mut status,
+                    reasons::NO_HOST_AVAILABLE,
+                    &format!("no free, live ByoHost fits: {why}"),
+                    generation,
+                );
+                apply_status(api, bm, &status).await?;
+                return Ok(Action::requeue(WAIT_FOR_HOST_REQUEUE));
+            }
+            Claimed::Contended => {
+                wait(
+                    &mut status,
+                    reasons::NO_HOST_AVAILABLE,
+                    "every pick was taken by a concurrent claim; retrying",
+                    generation,
+                );
+                apply_status(api, bm, &status).await?;
+                return Ok(Action::requeue(Duration::from_millis(
+                    200 + rand::random_range(0..800),
+                )));
+            }
+        }
+    }
+    let Some(host) = host else {
+        return Err(Error::Invalid("no host after claim".into()));
+    };
+    let host_name = host.name_any();
+    let t = Time(now());
+    status.host_ref = Some(HostReference {
+        name: host_name.clone(),
+        uid: host.uid().unwrap_or_default(),
+    });
+    status.failure_domain = host.labels().get(labels::FAILURE_DOMAIN).cloned();
+    conditions::set(
+        &mut status.conditions,
+        types::HOST_CLAIMED,
+        true,
+        reasons::AS_EXPECTED,
+        "",
+        generation,
+        t.clone(),
+    );
+
+    let hs = host.status.clone().unwrap_or_default();
+    let bootstrapped = conditions::is_true(&hs.conditions, types::BOOTSTRAP_SUCCEEDED)
+        && hs.observed_machine_uid.as_deref() == Some(n.uid.as_str());
+    if !bootstrapped {
+        conditions::set(
+            &mut status.conditions,
+            types::READY,
+            false,
+            reasons::WAITING_FOR_BOOTSTRAP,
+            &format!("waiting for ByoHost {host_name} to report BootstrapSucceeded"),
+            generation,
+            t,
+        );
+        apply_status(api, bm, &status).await?;
+        return Ok(Action::await_change());
+    }
+    let provider_id = host
+        .spec
+        .claim
+        .as_ref()
+        .map(|c| c.provider_id.clone())
+        .unwrap_or_default();
+    if bm.spec.provider_id.is_none() && !provider_id.is_empty() {
+        let patch = serde_json::json!({"spec": {"providerID": provider_id}});
+        api.patch(&n.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube(format!(
+                "setting spec.providerID of ByoMachine {}/{}",
+                n.ns, n.name
+            )))?;
+    }
+    status.addresses = hs.addresses.clone();
+    status.initialization = Some(Initialization {
+        provisioned: Some(true),
+    });
+    conditions::set(
+        &mut status.conditions,
+        types::READY,
+        true,
+        reasons::AS_EXPECTED,
+        "",
+        generation,
+        t,
+    );
+    apply_status(api, bm, &status).await?;
+    Ok(Action::await_change())
+}
