@@ -44,10 +44,11 @@ bench:
 	$(CARGO) build --release -p byoh-agent
 	tests/run $(CARGO) bench -p byoh-tests
 
-## lint: rustfmt and clippy with warnings as errors
+## lint: rustfmt, clippy and rustdoc (doc links) with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --document-private-items --quiet
 
 fmt:
 	$(CARGO) fmt --all

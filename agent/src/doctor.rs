@@ -1,6 +1,6 @@
 //! Preflight checks (`byoh-agent doctor`, and the agent before it offers its host).
 //!
-//! Two halves: [`gather`] reads the host (procfs, `/sys`, systemd over D-Bus, the API server's
+//! Two halves: [`run_checks`] reads the host (procfs, `/sys`, systemd over D-Bus, the API server's
 //! `Date` header, DNS) into plain [`Inputs`]; [`evaluate`] turns them into one [`Check`] per
 //! subject with a [`Severity`] and a fix. Only `evaluate` decides, and it is pure (table tests).
 //!

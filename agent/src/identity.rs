@@ -117,7 +117,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IdentityError + '_ {
 /// Reads a kubeconfig file (the bootstrap kubeconfig or the host's own).
 ///
 /// # Errors
-/// [`IdentityError::Kubeconfig`] if it cannot be read or parsed; see [`kubeconfig_problem`]
+/// [`IdentityError::Kubeconfig`] if it cannot be read or parsed; see `kubeconfig_problem`
 /// for what the message holds.
 pub fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, IdentityError> {
     Kubeconfig::read_from(path).map_err(|e| IdentityError::Kubeconfig {

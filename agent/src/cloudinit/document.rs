@@ -8,7 +8,7 @@
 //! scalar or a comment) is unchanged.
 //!
 //! Field types are checked here, but problems are collected (in [`Document::problems`]) rather
-//! than returned, so that [`super::validate`] reports them together with every other problem.
+//! than returned, so that [`super::validate()`] reports them together with every other problem.
 
 use super::template::{InstanceData, render};
 use super::{CloudConfigError, MAX_DOCUMENT_BYTES, Problem, encoding};

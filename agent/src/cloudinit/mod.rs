@@ -3,9 +3,9 @@
 //!
 //! 1. [`parse`]: the header (`#cloud-config`, optionally after `## template: jinja`), the
 //!    documented Jinja instance-data names (nothing else), then YAML into a typed [`Document`].
-//! 2. [`validate`]: every rule on every entry, all problems at once, into a [`Plan`]; modules
+//! 2. [`validate()`]: every rule on every entry, all problems at once, into a [`Plan`]; modules
 //!    this agent does not implement are refused by name before anything runs.
-//! 3. [`execute`]: `write_files` (atomically, with mode and owner), then deferred files, then
+//! 3. [`execute()`]: `write_files` (atomically, with mode and owner), then deferred files, then
 //!    `runcmd` (sequentially, stopping at the first failure) through a [`CommandRunner`].
 //!
 //! Nothing is written and nothing runs unless the whole document validated. File contents and

@@ -33,7 +33,7 @@ impl Exit {
 pub struct CommandOutcome {
     /// How it ended.
     pub exit: Exit,
-    /// The last bytes of its standard error (at most [`STDERR_KEEP_BYTES`]).
+    /// The last bytes of its standard error (at most `STDERR_KEEP_BYTES`).
     pub stderr: Vec<u8>,
 }
 
@@ -44,7 +44,7 @@ pub const STDERR_TAIL_LINES: usize = 20;
 /// Bytes of standard error shown in an error.
 pub const STDERR_TAIL_BYTES: usize = 2048;
 
-/// The last [`STDERR_TAIL_LINES`] lines, at most [`STDERR_TAIL_BYTES`] bytes, of `stderr`, as
+/// The last `STDERR_TAIL_LINES` lines, at most `STDERR_TAIL_BYTES` bytes, of `stderr`, as
 /// text (invalid UTF-8 replaced), without trailing blank lines.
 pub fn stderr_tail(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);

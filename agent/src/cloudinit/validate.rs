@@ -34,7 +34,7 @@ pub struct FileWrite {
     pub content: Vec<u8>,
     /// The encoding it was decoded from.
     pub encoding: Encoding,
-    /// Requested mode; `None` means [`DEFAULT_FILE_MODE`] for a new or replaced file, and the
+    /// Requested mode; `None` means `DEFAULT_FILE_MODE` for a new or replaced file, and the
     /// existing mode when appending to an existing file.
     pub mode: Option<u32>,
     /// Requested owner; `None` leaves the file owned by the agent (root), or as it is when

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 ///
 /// # Errors
 /// [`InstallError`]; the manifest then records what was changed so far, for a rerun or
-/// [`uninstall`](super::uninstall). A sha256 mismatch is reported before anything on the host is changed.
+/// [`uninstall`](fn@super::uninstall). A sha256 mismatch is reported before anything on the host is changed.
 pub async fn install(
     req: &InstallRequest,
     os: &HostInfo,

@@ -3,12 +3,12 @@
 //! and reverts exactly what it changed.
 //!
 //! - [`plan_install`] / [`plan_uninstall`]: what would change, nothing changed.
-//! - [`install`]: runs the steps of the chosen source; every change is appended to the
+//! - [`install()`]: runs the steps of the chosen source; every change is appended to the
 //!   [`InstallManifest`] *before* it is made and marked done after (atomic write + fsync each
-//!   time), so a crash leaves a manifest that a rerun of [`install`] resumes and that
-//!   [`uninstall`] reverts. Nothing that already was as wanted is recorded, so nothing that
+//!   time), so a crash leaves a manifest that a rerun of [`install()`] resumes and that
+//!   [`uninstall()`] reverts. Nothing that already was as wanted is recorded, so nothing that
 //!   install did not change is ever reverted.
-//! - [`uninstall`]: reverts the manifest's changes in reverse order, each step idempotent (a
+//! - [`uninstall()`]: reverts the manifest's changes in reverse order, each step idempotent (a
 //!   missing file, unit or package is skipped), then deletes the manifest and its backups.
 //!
 //! Sources (`docs/installer.md`): `preinstalled` (check versions only), `packages` (apt or dnf
@@ -105,7 +105,7 @@ pub struct InstallRequest {
     pub root: PathBuf,
 }
 
-/// One change that [`install`] would make or [`uninstall`] would revert, in one line.
+/// One change that [`install()`] would make or [`uninstall()`] would revert, in one line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedChange {
     /// What would be done, e.g. `create /usr/local/bin/kubelet (0755)`.

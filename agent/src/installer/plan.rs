@@ -15,7 +15,7 @@ pub(super) fn planned(s: impl Into<String>) -> PlannedChange {
     PlannedChange { summary: s.into() }
 }
 
-/// What [`install`](super::install) would change, without changing anything (the Go original's "preview"). For
+/// What [`install`](fn@super::install) would change, without changing anything (the Go original's "preview"). For
 /// bundles, the files are listed only once downloaded, at install time.
 ///
 /// # Errors
@@ -154,7 +154,7 @@ pub fn plan_install(
     Ok(out)
 }
 
-/// What [`uninstall`](super::uninstall) would do with `manifest`: every recorded change reverted, last first.
+/// What [`uninstall`](fn@super::uninstall) would do with `manifest`: every recorded change reverted, last first.
 pub fn plan_uninstall(manifest: &InstallManifest) -> Vec<PlannedChange> {
     let mut out: Vec<PlannedChange> = manifest
         .changes

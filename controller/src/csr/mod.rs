@@ -1,6 +1,6 @@
 //! Approval of host CertificateSigningRequests (kubelet-TLS-bootstrap-like, strict).
 //!
-//! A kube-runtime `Controller` over `certificates.k8s.io/v1` CSRs. [`decide`] is a pure function
+//! A kube-runtime `Controller` over `certificates.k8s.io/v1` CSRs. [`decide()`] is a pure function
 //! of the CSR; the controller only carries its verdict out:
 //!
 //! - [`Decision::Approve`]: the CSR has exactly the shape `byoh-agent` files (see
