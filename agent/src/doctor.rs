@@ -32,7 +32,7 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the running agent repeats the checks.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// The unit checked by the `containerd` check.
-pub const CONTAINERD_UNIT: &str = "containerd.service";
+pub use crate::units::CONTAINERD_UNIT;
 
 /// Result of one check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -701,16 +701,14 @@ pub fn parse_swaps(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn under(root: &Path, path: &str) -> PathBuf {
-    root.join(path.trim_start_matches('/'))
-}
+use crate::fsutil::under;
 
 /// The required modules that are neither loaded nor built in (`<root>/sys/module/<name>`
 /// exists for both).
 pub fn missing_modules(root: &Path) -> Vec<String> {
     MODULES
         .iter()
-        .filter(|m| !under(root, &format!("/sys/module/{m}")).exists())
+        .filter(|m| !under(root, format!("/sys/module/{m}")).exists())
         .map(|m| (*m).to_string())
         .collect()
 }
@@ -720,7 +718,7 @@ pub fn wrong_sysctls(root: &Path) -> Vec<(String, Option<String>)> {
     SYSCTLS
         .iter()
         .filter_map(|(name, want)| {
-            let path = under(root, &format!("/proc/sys/{}", name.replace('.', "/")));
+            let path = under(root, format!("/proc/sys/{}", name.replace('.', "/")));
             let found = std::fs::read_to_string(path)
                 .ok()
                 .map(|v| v.trim().to_string());

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Writes `data` to `path` atomically with permission bits `mode` (e.g. `0o600`). The parent
 /// directory must exist.
@@ -47,6 +47,13 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
 pub fn ensure_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// `path` (absolute on the host, e.g. `/etc/kubernetes`) under `root` (`/` in production, a
+/// temporary directory in tests): `root` joined with `path` less its leading `/`.
+pub fn under(root: &Path, path: impl AsRef<Path>) -> PathBuf {
+    let path = path.as_ref();
+    root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
 #[cfg(test)]

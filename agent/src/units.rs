@@ -12,12 +12,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use std::time::Duration;
 
+/// The kubelet's unit (`kubelet.service`).
+pub const KUBELET_UNIT: &str = "kubelet.service";
+/// containerd's unit (`containerd.service`).
+pub const CONTAINERD_UNIT: &str = "containerd.service";
 /// Field manager of the unit conditions.
 pub const FIELD_MANAGER: &str = "byoh-agent-units";
 /// The units reported, with their condition types.
 pub const REPORTED_UNITS: &[(&str, &str)] = &[
-    ("kubelet.service", types::KUBELET_ACTIVE),
-    ("containerd.service", types::CONTAINERD_ACTIVE),
+    (KUBELET_UNIT, types::KUBELET_ACTIVE),
+    (CONTAINERD_UNIT, types::CONTAINERD_ACTIVE),
 ];
 
 /// The condition for a unit state: `True`/`AsExpected` when active, else `False`/`UnitInactive`

@@ -76,10 +76,7 @@ pub struct ExecReport {
     pub commands_run: usize,
 }
 
-/// `path` (absolute on the host) under `root`.
-fn under(root: &Path, path: &Path) -> PathBuf {
-    root.join(path.strip_prefix("/").unwrap_or(path))
-}
+use crate::fsutil::under;
 
 /// Creates the missing ancestors of `target` (below `root`) with mode 0755.
 fn create_parents(root: &Path, path: &Path) -> std::io::Result<()> {

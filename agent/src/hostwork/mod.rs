@@ -285,9 +285,7 @@ struct BootstrapData {
     resource_version: Option<String>,
 }
 
-fn under(root: &Path, path: &Path) -> PathBuf {
-    root.join(path.strip_prefix("/").unwrap_or(path))
-}
+use crate::fsutil::under;
 
 fn failpoint(step: &str) -> impl std::future::Future<Output = ()> {
     let hit = std::env::var(FAILPOINT_ENV)
@@ -1033,10 +1031,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 }
                 CleanupStep::StopKubelet => {
                     self.cleanup_step(state, next, |me| async move {
-                        let s = me.units.state("kubelet.service").await?;
+                        let s = me.units.state(crate::units::KUBELET_UNIT).await?;
                         if s.load_state != "not-found" {
-                            me.units.stop("kubelet.service").await?;
-                            me.units.disable(&["kubelet.service"]).await?;
+                            me.units.stop(crate::units::KUBELET_UNIT).await?;
+                            me.units.disable(&[crate::units::KUBELET_UNIT]).await?;
                         }
                         Ok(())
                     })

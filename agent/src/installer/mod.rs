@@ -83,10 +83,10 @@ pub const KUBELET_UNIT_PATH: &str = "/etc/systemd/system/kubelet.service";
 pub const KUBEADM_DROPIN_PATH: &str = "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf";
 /// Where CNI plugins bundles are extracted.
 pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
-/// The kubelet's unit.
-pub const KUBELET_UNIT: &str = "kubelet.service";
 /// containerd's unit.
-pub const CONTAINERD_UNIT: &str = "containerd.service";
+pub use crate::units::CONTAINERD_UNIT;
+/// The kubelet's unit.
+pub use crate::units::KUBELET_UNIT;
 /// Time allowed to a short command (version checks, queries, swapoff).
 pub const SHORT_COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 /// Time allowed to a package installation or repository update.

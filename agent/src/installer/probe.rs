@@ -13,10 +13,7 @@ pub(super) fn containerd_present(root: &Path) -> bool {
     .any(|p| root.join(p).exists())
 }
 
-/// `path` (a host path) under `root`.
-pub fn under(root: &Path, path: &Path) -> PathBuf {
-    root.join(path.strip_prefix("/").unwrap_or(path))
-}
+pub use crate::fsutil::under;
 
 /// Active swap devices from `<root>/proc/swaps`.
 pub(super) fn active_swaps(root: &Path) -> Vec<String> {
