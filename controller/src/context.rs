@@ -18,6 +18,14 @@ use std::time::{Duration, Instant};
 /// Field manager of every server-side apply and update the controller makes.
 pub const FIELD_MANAGER: &str = "byoh-controller";
 
+/// `PostParams` of the controller's creates and replaces: field manager [`FIELD_MANAGER`].
+pub fn post_params() -> kube::api::PostParams {
+    kube::api::PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
 /// Reconciles running at once per controller.
 pub const CONCURRENCY: u16 = 32;
 

@@ -19,7 +19,7 @@ use byoh_api::installer::{
 };
 use byoh_api::{ByoMachine, finalizers, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 /// Kind accepted in `ByoMachine.spec.installerRef`.
@@ -73,13 +73,7 @@ pub async fn ensure(
             };
             let config = clone_from_template(bm, &template, cluster_name)?;
             match configs
-                .create(
-                    &PostParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &config,
-                )
+                .create(&crate::context::post_params(), &config)
                 .await
             {
                 Ok(c) => c,

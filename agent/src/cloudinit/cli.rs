@@ -12,14 +12,14 @@ use super::{
     parse, validate,
 };
 use crate::cli::CloudConfigCommand;
-use crate::config::{self, Overrides, Settings};
+use crate::config::{self, Settings};
 use crate::{EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, facts};
 use std::path::Path;
 
 /// Runs a `cloud-config` subcommand and returns the exit status: 0 ok, 1 refused or failed,
 /// 78 invalid agent configuration.
 pub fn run(command: CloudConfigCommand, config_path: &Path) -> u8 {
-    let settings = match load_settings(config_path) {
+    let settings = match config::load_or_defaults(config_path) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("byoh-agent: {e}");
@@ -40,14 +40,6 @@ pub fn run(command: CloudConfigCommand, config_path: &Path) -> u8 {
             eprintln!("byoh-agent: {e}");
             EXIT_FAILURE
         }
-    }
-}
-
-fn load_settings(path: &Path) -> Result<Settings, config::ConfigError> {
-    if path.exists() {
-        config::load(path, Overrides::from_env(|k| std::env::var(k).ok()))
-    } else {
-        config::Merged::default().validate()
     }
 }
 

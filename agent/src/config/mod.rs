@@ -594,6 +594,19 @@ pub fn load(main: &Path, overrides: Overrides) -> Result<Settings, ConfigError> 
 
 use byoh_api::names::{check_dns_label, check_dns_subdomain, check_host_name};
 
+/// Settings of `path` with the `BYOH_*` environment, or the documented defaults when `path`
+/// does not exist (the offline subcommands work on a host without a configuration).
+///
+/// # Errors
+/// [`ConfigError`] listing every problem of the files and the environment.
+pub fn load_or_defaults(path: &Path) -> Result<Settings, ConfigError> {
+    if path.exists() {
+        load(path, Overrides::from_env(|k| std::env::var(k).ok()))
+    } else {
+        Merged::default().validate()
+    }
+}
+
 /// Checks a Kubernetes label key and value (`[prefix/]name`, name and value ≤ 63 characters of
 /// `[A-Za-z0-9._-]`, alphanumeric at both ends; prefix an RFC 1123 subdomain). Refuses keys an
 /// agent may not set: the administrators' protected prefix

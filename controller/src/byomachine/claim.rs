@@ -3,13 +3,13 @@
 
 use super::release::drop_claim;
 use super::{CONFLICT_RETRIES, MAX_PICKS, Names, host_key, now, provider_id};
-use crate::context::{Context, FIELD_MANAGER};
+use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
 use crate::selection::{self, Request};
 use byoh_api::byohost::HostClaim;
 use byoh_api::{ByoHost, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use std::collections::HashSet;
@@ -172,14 +172,7 @@ async fn try_claim(
             host_labels.insert(labels::MACHINE_NAME.into(), claim.machine_ref.name.clone());
         }
         match api
-            .replace(
-                &name,
-                &PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                },
-                &host,
-            )
+            .replace(&name, &crate::context::post_params(), &host)
             .await
         {
             Ok(h) => return Ok(Attempt::Claimed(Box::new(h))),

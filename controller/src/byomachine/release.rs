@@ -3,7 +3,7 @@
 
 use super::claim::find_claimed_host;
 use super::{Names, now, owner_machine_ref};
-use crate::context::{Context, FIELD_MANAGER};
+use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
 use crate::selection;
 use byoh_api::byohost::{MachineReference, NeedsCleanup};
@@ -11,7 +11,6 @@ use byoh_api::conditions::{self, reasons, types};
 use byoh_api::{ByoHost, ByoMachine, ByoMachineStatus, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
@@ -49,14 +48,7 @@ pub(super) async fn drop_claim(
         host.labels_mut().remove(labels::MACHINE_NAME);
         host.annotations_mut().remove(labels::RELEASE_REQUESTED_AT);
         match api
-            .replace(
-                &name,
-                &PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                },
-                &host,
-            )
+            .replace(&name, &crate::context::post_params(), &host)
             .await
         {
             Ok(_) => return Ok(()),
@@ -180,14 +172,7 @@ pub(super) async fn release(
         host.annotations_mut()
             .insert(labels::RELEASE_REQUESTED_AT.into(), t.to_string());
         match api
-            .replace(
-                &host_name,
-                &PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                },
-                &host,
-            )
+            .replace(&host_name, &crate::context::post_params(), &host)
             .await
         {
             Ok(_) => {}

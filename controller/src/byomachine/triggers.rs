@@ -3,13 +3,12 @@
 
 use super::{error_policy, host_key, machine_cached, reconcile};
 use crate::capi::{Cluster, Machine};
-use crate::context::{CONCURRENCY, Context, FIELD_MANAGER, Shutdown};
+use crate::context::{CONCURRENCY, Context, Shutdown};
 use crate::error::{is_conflict, is_not_found};
 use byoh_api::byohost::MachineReference;
 use byoh_api::{ByoHost, ByoMachine, labels};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use std::sync::Arc;
@@ -196,14 +195,7 @@ pub fn on_host_event(ctx: &Arc<Context>, host: &ByoHost) {
             let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &ns);
             host.spec.needs_cleanup = None;
             match api
-                .replace(
-                    &name,
-                    &PostParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &host,
-                )
+                .replace(&name, &crate::context::post_params(), &host)
                 .await
             {
                 Ok(_) => {
