@@ -9,11 +9,17 @@
 #   NAME/leader.pid         PID of the container's PID 1, systemd (host PID namespace)
 #   NAME/*.start            start time (field 22 of /proc/PID/stat) of that PID, against PID reuse
 #   NAME/image              path of the image the overlay is over
+#   NAME/address            its address on the test network (boot --network; see `network`)
+#   NAME/options            the boot options that --resume applies again (--network, --containers)
 
 HOSTS_DIR=${BYOH_TEST_HOSTS_DIR:-/var/tmp/byoh-test-hosts}
 HOSTS_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$HOSTS_SCRIPTS/../.." && pwd)
 # PATH for commands run inside a host (`exec`), and for the host's own tools here.
+# The test network (tests/hosts/network): bridge, /24 prefix, the machine's address on it.
+NET_BRIDGE=byoh-br0
+NET_PREFIX=198.18.0
+NET_GATEWAY=$NET_PREFIX.1
 GUEST_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -83,4 +89,22 @@ leader_of() {
 # mount points escape spaces as \040; our paths have none).
 mounts_under() {
   awk -v d="$1" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/mounts | sort -r
+}
+
+# allocate_address DIR: the lowest address of NET_PREFIX.10-199 that no other host's STATE/address
+# holds, recorded in DIR/address (under a lock: concurrent boots get different addresses).
+allocate_address() {
+  local dir=$1 i taken
+  exec 8>"$HOSTS_DIR/.address.lock"
+  flock 8
+  taken=" $(cat "$HOSTS_DIR"/*/address 2>/dev/null | tr '\n' ' ') "
+  for i in $(seq 10 199); do
+    [[ $taken == *" $NET_PREFIX.$i "* ]] && continue
+    echo "$NET_PREFIX.$i" >"$dir/address"
+    exec 8>&-
+    echo "$NET_PREFIX.$i"
+    return 0
+  done
+  exec 8>&-
+  return 1
 }

@@ -137,7 +137,17 @@ pub struct BootOptions {
     /// How long to wait for `systemctl is-system-running`; the script's default (120 s) if
     /// `None`.
     pub timeout_secs: Option<u64>,
+    /// A network namespace of its own on the test bridge (`boot --network`): its own address
+    /// ([`Host::address`]), default route and DNS server via the gateway [`NETWORK_GATEWAY`].
+    pub network: bool,
+    /// Able to run containers with runc, e.g. a kubelet's static pods (`boot --containers`).
+    pub containers: bool,
 }
+
+/// The test machine's address on the test network (`tests/hosts/network`): the gateway of hosts
+/// booted with [`BootOptions::network`], where every loopback TCP port of the machine (the test
+/// control plane, the artifacts server) is reachable from them.
+pub const NETWORK_GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 18, 0, 1);
 
 /// What a command run inside a host did.
 #[derive(Debug, Clone)]
@@ -187,6 +197,12 @@ impl Host {
         }
         if let Some(secs) = options.timeout_secs {
             cmd.arg("--timeout").arg(secs.to_string());
+        }
+        if options.network {
+            cmd.arg("--network");
+        }
+        if options.containers {
+            cmd.arg("--containers");
         }
         let out = cmd
             .stdin(Stdio::null())
@@ -246,6 +262,23 @@ impl Host {
     /// The host's state directory (overlay dirs, console log, PID files).
     pub fn state_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The host's address on the test network (booted with [`BootOptions::network`]).
+    ///
+    /// Errors when the host has none (it shares the machine's network).
+    pub fn address(&self) -> anyhow::Result<std::net::Ipv4Addr> {
+        let path = self.dir.join("address");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "host {} has no address on the test network ({})",
+                self.name,
+                path.display()
+            )
+        })?;
+        text.trim()
+            .parse()
+            .with_context(|| format!("{}: not an IPv4 address: {text:?}", path.display()))
     }
 
     /// The console log of the host (boot messages of systemd).

@@ -167,3 +167,107 @@ async fn a_host_can_pretend_to_be_another_system_and_passes_exit_status_and_stdi
         assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
+
+/// `boot --network --containers`: each host is a machine of its own on the test bridge — its own
+/// address, both can listen on the kubelet's port at once, they reach each other and the test
+/// machine's loopback services through the gateway — and can run containers (runc's keyring
+/// calls and writable cgroup controllers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn networked_hosts_have_their_own_addresses_and_can_run_containers() {
+    if !hosts::available() {
+        return;
+    }
+    let options = BootOptions {
+        network: true,
+        containers: true,
+        ..BootOptions::default()
+    };
+    let (a, b) = tokio::join!(
+        Host::boot_with("net-a", &options),
+        Host::boot_with("net-b", &options)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let (addr_a, addr_b) = (a.address().unwrap(), b.address().unwrap());
+    assert_ne!(addr_a, addr_b);
+    for (host, addr) in [(&a, addr_a), (&b, addr_b)] {
+        let out = host
+            .exec(&["ip", "-4", "-o", "addr", "show", "dev", "host0"])
+            .await
+            .unwrap();
+        assert!(
+            out.stdout.contains(&format!(" {addr}/24 ")),
+            "{}: {}",
+            host.name(),
+            out.stdout
+        );
+        let route = host
+            .exec(&["ip", "route", "show", "default"])
+            .await
+            .unwrap();
+        assert!(
+            route
+                .stdout
+                .contains(&format!("via {}", hosts::NETWORK_GATEWAY)),
+            "{}: {}",
+            host.name(),
+            route.stdout
+        );
+    }
+
+    // Both listen on 10250 at once (separate network namespaces); each reaches the other's.
+    let listen = "exec python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"0.0.0.0\", 10250)); s.listen(); print(\"up\", flush=True); c,_=s.accept(); c.sendall(sys.argv[1].encode()); c.close()' \"$(hostname)\" >/run/listener.out 2>&1 & for i in $(seq 100); do grep -q up /run/listener.out && exit 0; sleep 0.1; done; exit 1";
+    for host in [&a, &b] {
+        assert!(host.exec(&["sh", "-c", listen]).await.unwrap().success());
+    }
+    for (from, to, addr) in [(&a, &b, addr_b), (&b, &a, addr_a)] {
+        let got = host_read_port(from, &addr.to_string(), 10250).await;
+        assert_eq!(got, to.name(), "{} -> {}", from.name(), to.name());
+    }
+
+    // A loopback service of the test machine is reachable at the gateway address.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        use std::io::Write;
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"from-the-machine").unwrap();
+    });
+    let got = host_read_port(&a, &hosts::NETWORK_GATEWAY.to_string(), port).await;
+    assert_eq!(got, "from-the-machine");
+    server.join().unwrap();
+
+    // What runc needs: a session keyring of its own, and cgroup controllers it may write.
+    // (syscall 250 is keyctl on x86_64, the only architecture the test hosts run on.)
+    let keyring = "import ctypes; libc = ctypes.CDLL(None, use_errno=True); r = libc.syscall(250, 1, None); print(r, ctypes.get_errno())";
+    let out = a.exec(&["python3", "-c", keyring]).await.unwrap();
+    assert!(
+        !out.stdout.starts_with('-'),
+        "keyctl(JOIN_SESSION_KEYRING) refused: {}",
+        out.stdout
+    );
+    let cgroup = format!("/sys/fs/cgroup/memory/byoh-test-{}", a.name());
+    let out = a
+        .exec(&["sh", "-c", &format!("mkdir {cgroup} && rmdir {cgroup}")])
+        .await
+        .unwrap();
+    assert!(out.success(), "memory cgroup not writable: {}", out.stderr);
+
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// What a TCP server at `addr:port` sends, read from inside `host` (bash's /dev/tcp).
+async fn host_read_port(host: &Host, addr: &str, port: u16) -> String {
+    let script = format!("exec 3<>/dev/tcp/{addr}/{port} && timeout 10 cat <&3");
+    let out = host
+        .exec(&["bash", "-c", &script])
+        .await
+        .expect("tests/hosts/exec");
+    assert!(
+        out.success(),
+        "{} -> {addr}:{port}: {}",
+        host.name(),
+        out.stderr
+    );
+    out.stdout.trim().to_string()
+}
