@@ -19,54 +19,70 @@ impl FileServer {
     ///
     /// Errors when the port cannot be bound.
     pub async fn start(files: Vec<(String, Vec<u8>)>) -> anyhow::Result<FileServer> {
+        Self::serve(files, None).await
+    }
+
+    /// Like [`FileServer::start`], over HTTPS with a certificate of `ca` for 127.0.0.1 and the
+    /// test network's gateway ([`crate::hosts::NETWORK_GATEWAY`]).
+    ///
+    /// Errors when the port cannot be bound or the certificate cannot be made.
+    pub async fn start_tls(
+        files: Vec<(String, Vec<u8>)>,
+        ca: &TestCa,
+    ) -> anyhow::Result<FileServer> {
+        let (chain, key) = ca.server_certificate(&[
+            "127.0.0.1".to_string(),
+            crate::hosts::NETWORK_GATEWAY.to_string(),
+        ])?;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        Self::serve(
+            files,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        )
+        .await
+    }
+
+    async fn serve(
+        files: Vec<(String, Vec<u8>)>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> anyhow::Result<FileServer> {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", l.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let base = format!("{scheme}://{}", l.local_addr()?);
         let hits: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
         let counter = hits.clone();
         let files = Arc::new(files);
         tokio::spawn(async move {
             loop {
-                let Ok((mut s, _)) = l.accept().await else {
+                let Ok((tcp, _)) = l.accept().await else {
                     return;
                 };
                 let files = files.clone();
                 let counter = counter.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    match tls {
+                        None => answer(tcp, &files, &counter).await,
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(tcp).await {
+                                answer(stream, &files, &counter).await;
+                            }
                         }
                     }
-                    let req = String::from_utf8_lossy(&buf);
-                    let path = req.split_whitespace().nth(1).unwrap_or("/");
-                    // As web servers do: `/./` is `/` (apt asks for `Filename: ./x.deb`
-                    // of a flat repository as `<base>/./x.deb`).
-                    let path = path.split('?').next().unwrap_or("/").replace("/./", "/");
-                    if let Ok(mut h) = counter.lock() {
-                        *h.entry(path.clone()).or_default() += 1;
-                    }
-                    let resp = match files.iter().find(|(p, _)| *p == path) {
-                        Some((_, body)) => {
-                            let mut r = format!(
-                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                                body.len()
-                            )
-                            .into_bytes();
-                            r.extend_from_slice(body);
-                            r
-                        }
-                        None => b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                            .to_vec(),
-                    };
-                    let _ = s.write_all(&resp).await;
-                    let _ = s.shutdown().await;
                 });
             }
         });
         Ok(FileServer { base, hits })
+    }
+
+    /// The base URL as hosts on the test network (booted with `network`) reach it: the
+    /// gateway address instead of 127.0.0.1 (`tests/hosts/network` forwards it to loopback).
+    pub fn base_on_network(&self) -> String {
+        self.base
+            .replace("127.0.0.1", &crate::hosts::NETWORK_GATEWAY.to_string())
     }
 
     /// `http://127.0.0.1:PORT`, without a trailing slash.
@@ -80,6 +96,92 @@ impl FileServer {
             .lock()
             .map(|h| h.get(path).copied().unwrap_or(0))
             .unwrap_or(0)
+    }
+}
+
+/// Answers one HTTP/1.1 request on `s` from `files`, counting it in `counter`.
+async fn answer<S>(mut s: S, files: &[(String, Vec<u8>)], counter: &Mutex<BTreeMap<String, usize>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let req = String::from_utf8_lossy(&buf);
+    let path = req.split_whitespace().nth(1).unwrap_or("/");
+    // As web servers do: `/./` is `/` (apt asks for `Filename: ./x.deb` of a flat repository
+    // as `<base>/./x.deb`).
+    let path = path.split('?').next().unwrap_or("/").replace("/./", "/");
+    if let Ok(mut h) = counter.lock() {
+        *h.entry(path.clone()).or_default() += 1;
+    }
+    let resp = match files.iter().find(|(p, _)| *p == path) {
+        Some((_, body)) => {
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            r.extend_from_slice(body);
+            r
+        }
+        None => {
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
+        }
+    };
+    let _ = s.write_all(&resp).await;
+    let _ = s.shutdown().await;
+}
+
+/// A throwaway certificate authority (ECDSA P-256), as a site's private CA: hosts trust it
+/// (e.g. `/usr/local/share/ca-certificates`), servers of the test present certificates it
+/// issued.
+pub struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    /// A new CA named `name`.
+    ///
+    /// Errors when rcgen fails.
+    pub fn new(name: &str) -> anyhow::Result<TestCa> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        Ok(TestCa {
+            issuer: rcgen::CertifiedIssuer::self_signed(params, key)?,
+        })
+    }
+
+    /// The CA certificate, PEM.
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A server certificate for `names` (IP addresses or DNS names) and its key.
+    ///
+    /// Errors when rcgen fails.
+    pub fn server_certificate(
+        &self,
+        names: &[String],
+    ) -> anyhow::Result<(
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    )> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let leaf = rcgen::CertificateParams::new(names.to_vec())?.signed_by(&key, &self.issuer)?;
+        Ok((
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        ))
     }
 }
 

@@ -5,12 +5,15 @@
 //! - [`hosts`]: booted Debian 12 systemd hosts (systemd-nspawn) from `tests/hosts/*`.
 //! - [`kubeadm`]: the control plane prepared for `kubeadm join`, the installer artifacts served
 //!   on loopback, CABPK-shaped join data (end-to-end test, demo).
-//! - [`http`]: a loopback HTTP file server that counts requests (installer downloads).
+//! - [`http`]: a loopback HTTP(S) file server that counts requests (installer downloads), and a
+//!   throwaway CA for HTTPS servers of tests.
+//! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
 
 pub mod agent;
+pub mod apt_repo;
 pub mod control_plane;
 pub mod hosts;
 pub mod http;

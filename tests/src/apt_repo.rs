@@ -1,0 +1,304 @@
+//! Flat apt repositories built in a test, as a site's package mirror serves them: `.deb` files
+//! made with `dpkg-deb`, a `Packages` index from `dpkg-scanpackages`, a `Release` file with its
+//! SHA256 and an `InRelease` clear-signed with a throwaway gpg key ([`GpgKey`]).
+//!
+//! [`kubernetes`] builds the packages pkgs.k8s.io publishes (kubeadm, kubelet, kubectl,
+//! cri-tools, kubernetes-cni) from the test bed's real binaries, shaped like the upstream ones
+//! (the kubelet unit, kubeadm's `10-kubeadm.conf` drop-in, the CNI plugins in `/opt/cni/bin`), so
+//! that a `K8sInstallerConfig` `packages` source installs a working Kubernetes node.
+
+use anyhow::{Context as _, ensure};
+use std::path::Path;
+use std::process::Command;
+
+/// One file of a package: absolute path on the installed system, content, mode.
+#[derive(Debug, Clone)]
+pub struct PackageFile {
+    /// Absolute path, e.g. `/usr/bin/kubeadm`.
+    pub path: String,
+    /// The file's bytes.
+    pub content: Vec<u8>,
+    /// Permission bits, e.g. `0o755`.
+    pub mode: u32,
+}
+
+/// One binary package (`Architecture: all` unless `arch` says otherwise).
+#[derive(Debug, Clone)]
+pub struct Package {
+    /// Debian package name.
+    pub name: String,
+    /// Debian version, e.g. `1.36.3-1.1`.
+    pub version: String,
+    /// The `Depends:` field, empty for none.
+    pub depends: String,
+    /// `all`, `amd64`, ...
+    pub arch: String,
+    /// What it installs.
+    pub files: Vec<PackageFile>,
+}
+
+impl Package {
+    /// A package with no dependencies for `Architecture: all`.
+    pub fn new(name: &str, version: &str) -> Package {
+        Package {
+            name: name.into(),
+            version: version.into(),
+            depends: String::new(),
+            arch: "all".into(),
+            files: Vec::new(),
+        }
+    }
+
+    /// Adds `Depends: depends`.
+    pub fn depends(mut self, depends: &str) -> Package {
+        self.depends = depends.into();
+        self
+    }
+
+    /// Adds a file.
+    pub fn file(mut self, path: &str, content: impl Into<Vec<u8>>, mode: u32) -> Package {
+        self.files.push(PackageFile {
+            path: path.into(),
+            content: content.into(),
+            mode,
+        });
+        self
+    }
+}
+
+/// Runs `cmd`; its stdout, or an error with the exit status and stderr.
+fn run(cmd: &mut Command) -> anyhow::Result<Vec<u8>> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
+/// Builds `NAME_VERSION_ARCH.deb` of `package` in `dir` with `dpkg-deb` (root-owned files).
+fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path().join("pkg");
+    std::fs::create_dir_all(root.join("DEBIAN"))?;
+    let depends = if package.depends.is_empty() {
+        String::new()
+    } else {
+        format!("Depends: {}\n", package.depends)
+    };
+    std::fs::write(
+        root.join("DEBIAN/control"),
+        format!(
+            "Package: {}\nVersion: {}\nArchitecture: {}\nMaintainer: BYOH tests <tests@byoh.invalid>\n{depends}Description: {} for BYOH tests\n",
+            package.name, package.version, package.arch, package.name
+        ),
+    )?;
+    for f in &package.files {
+        let p = root.join(f.path.trim_start_matches('/'));
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&p, &f.content)?;
+        std::fs::set_permissions(
+            &p,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(f.mode),
+        )?;
+    }
+    run(Command::new("dpkg-deb")
+        .args(["--build", "--root-owner-group", "-Zgzip"])
+        .arg(&root)
+        .arg(dir.join(format!(
+            "{}_{}_{}.deb",
+            package.name, package.version, package.arch
+        ))))?;
+    Ok(())
+}
+
+/// The files of a flat repository holding `packages` (URL path under the repository → body):
+/// each `.deb`, `/Packages` and `/Release` (unsigned: add `/InRelease` with
+/// [`GpgKey::clearsign`] of the `/Release` body, see [`release_of`]).
+///
+/// Errors when `dpkg-deb` or `dpkg-scanpackages` fail (Debian package dpkg-dev).
+pub fn flat_repository(packages: &[Package]) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let dir = tempfile::tempdir()?;
+    let repo = dir.path();
+    for p in packages {
+        build_deb(repo, p)?;
+    }
+    let index = run(Command::new("dpkg-scanpackages")
+        .args(["--multiversion", "."])
+        .current_dir(repo))?;
+    let sha = crate::http::sha256(&index)?;
+    let date = String::from_utf8(run(Command::new("date").args(["-Ru"]))?)?;
+    let release = format!(
+        "Origin: byoh-test\nLabel: byoh-test\nDate: {}\nArchitectures: amd64 arm64 all\nSHA256:\n {sha} {} Packages\n",
+        date.trim(),
+        index.len()
+    );
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(repo)? {
+        let e = e?;
+        files.push((
+            format!("/{}", e.file_name().to_string_lossy()),
+            std::fs::read(e.path())?,
+        ));
+    }
+    files.push(("/Packages".into(), index));
+    files.push(("/Release".into(), release.into_bytes()));
+    Ok(files)
+}
+
+/// The `/Release` body of a repository made by [`flat_repository`].
+///
+/// Errors when there is none.
+pub fn release_of(files: &[(String, Vec<u8>)]) -> anyhow::Result<&[u8]> {
+    files
+        .iter()
+        .find(|(p, _)| p == "/Release")
+        .map(|(_, b)| b.as_slice())
+        .context("no /Release in the repository")
+}
+
+/// A throwaway gpg key in a home of its own (ed25519, signing, valid one day); its gpg-agent
+/// is stopped when dropped.
+pub struct GpgKey {
+    home: tempfile::TempDir,
+}
+
+impl GpgKey {
+    /// Generates a key for the user id `name` (e.g. `Repo <repo@byoh.invalid>`).
+    ///
+    /// Errors when gpg fails.
+    pub fn generate(name: &str) -> anyhow::Result<GpgKey> {
+        let home = tempfile::tempdir()?;
+        run(Command::new("gpg").arg("--homedir").arg(home.path()).args([
+            "--batch",
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            name,
+            "ed25519",
+            "sign",
+            "1d",
+        ]))?;
+        Ok(GpgKey { home })
+    }
+
+    /// The public key, ASCII-armored (what a repository's `keyURL` serves).
+    ///
+    /// Errors when gpg fails.
+    pub fn armored_public_key(&self) -> anyhow::Result<Vec<u8>> {
+        run(Command::new("gpg")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--batch", "--armor", "--export"]))
+    }
+
+    /// `InRelease` for `release`: the clear-signed text (SHA256 digest).
+    ///
+    /// Errors when gpg fails.
+    pub fn clearsign(&self, release: &[u8]) -> anyhow::Result<Vec<u8>> {
+        let dir = tempfile::tempdir()?;
+        let input = dir.path().join("Release");
+        let output = dir.path().join("InRelease");
+        std::fs::write(&input, release)?;
+        run(Command::new("gpg")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args([
+                "--batch",
+                "--yes",
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+                "--digest-algo",
+                "SHA256",
+                "--clearsign",
+                "-o",
+            ])
+            .arg(&output)
+            .arg(&input))?;
+        Ok(std::fs::read(output)?)
+    }
+}
+
+impl Drop for GpgKey {
+    fn drop(&mut self) {
+        let _ = Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--kill", "gpg-agent"])
+            .status();
+    }
+}
+
+/// The kubelet unit as pkgs.k8s.io's kubelet package ships it (/usr/lib/systemd/system).
+pub const KUBELET_UNIT: &str = "[Unit]\nDescription=kubelet: The Kubernetes Node Agent\nDocumentation=https://kubernetes.io/docs/\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nExecStart=/usr/bin/kubelet\nRestart=always\nStartLimitInterval=0\nRestartSec=10\n\n[Install]\nWantedBy=multi-user.target\n";
+
+/// kubeadm's drop-in for the kubelet as pkgs.k8s.io's kubeadm package ships it
+/// (/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf).
+pub const KUBEADM_DROPIN: &str = "# Note: This dropin only works with kubeadm and kubelet v1.11+\n[Service]\nEnvironment=\"KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf\"\nEnvironment=\"KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml\"\n# This is a file that \"kubeadm init\" and \"kubeadm join\" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically\nEnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env\n# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use\n# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.\nEnvironmentFile=-/etc/default/kubelet\nExecStart=\nExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS\n";
+
+/// The Kubernetes node packages of pkgs.k8s.io at Debian version `version` (e.g.
+/// `1.36.3-1.1`), `amd64`, holding the test bed's real binaries: `kubeadm`, `kubelet`, `kubectl`
+/// from `bin_dir` (tests/control-plane/build's version-stamped builds), `kubernetes-cni` with
+/// the CNI plugins of `cni_tgz` (a flat .tgz) in /opt/cni/bin. `cri-tools` holds no `crictl`
+/// (not built here; kubeadm v1.36 talks CRI itself) — it exists for the dependency, as upstream.
+///
+/// Errors when a binary cannot be read or the tarball cannot be unpacked.
+pub fn kubernetes(version: &str, bin_dir: &Path, cni_tgz: &Path) -> anyhow::Result<Vec<Package>> {
+    let read = |name: &str| -> anyhow::Result<Vec<u8>> {
+        std::fs::read(bin_dir.join(name))
+            .with_context(|| format!("reading {name} from {}", bin_dir.display()))
+    };
+    let amd64 = |p: Package| Package {
+        arch: "amd64".into(),
+        ..p
+    };
+    let mut cni = amd64(Package::new("kubernetes-cni", "1.7.1-1.1"));
+    let tmp = tempfile::tempdir()?;
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(cni_tgz)
+        .arg("-C")
+        .arg(tmp.path()))?;
+    let mut plugins: Vec<_> = std::fs::read_dir(tmp.path())?.collect::<Result<_, _>>()?;
+    plugins.sort_by_key(|e| e.file_name());
+    for e in plugins {
+        if e.file_type()?.is_file() {
+            cni = cni.file(
+                &format!("/opt/cni/bin/{}", e.file_name().to_string_lossy()),
+                std::fs::read(e.path())?,
+                0o755,
+            );
+        }
+    }
+    Ok(vec![
+        amd64(Package::new("kubeadm", version))
+            .depends("cri-tools (>= 1.30.0)")
+            .file("/usr/bin/kubeadm", read("kubeadm")?, 0o755)
+            .file(
+                "/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
+                KUBEADM_DROPIN,
+                0o644,
+            ),
+        amd64(Package::new("kubelet", version))
+            // Upstream also depends on ethtool and conntrack; the air-gapped test hosts have no
+            // Debian mirror to fetch them from, and the kubelet runs without them.
+            .depends("kubernetes-cni (>= 1.2.0), iptables, mount")
+            .file("/usr/bin/kubelet", read("kubelet")?, 0o755)
+            .file(
+                "/usr/lib/systemd/system/kubelet.service",
+                KUBELET_UNIT,
+                0o644,
+            ),
+        amd64(Package::new("kubectl", version)).file("/usr/bin/kubectl", read("kubectl")?, 0o755),
+        amd64(Package::new("cri-tools", "1.36.0-1.1")),
+        cni,
+    ])
+}
