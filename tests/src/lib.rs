@@ -7,6 +7,8 @@
 //!   on loopback, CABPK-shaped join data (end-to-end test, demo).
 //! - [`http`]: a loopback HTTP(S) file server that counts requests (installer downloads), and a
 //!   throwaway CA for HTTPS servers of tests.
+//! - [`controller`]: `byoh-controller run` as a process under its generated RBAC.
+//! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
@@ -15,9 +17,11 @@
 pub mod agent;
 pub mod apt_repo;
 pub mod control_plane;
+pub mod controller;
 pub mod hosts;
 pub mod http;
 pub mod kubeadm;
+pub mod phases;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead
 /// of skipping them.
