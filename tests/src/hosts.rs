@@ -539,6 +539,14 @@ impl Host {
         self.script(&["boot", &self.name, "--resume"]).await
     }
 
+    /// Gives the host what a kubelet needs that a VM has and an nspawn container lacks
+    /// (`tests/hosts/prepare-kubelet`); again after each boot.
+    ///
+    /// Errors when the script fails.
+    pub async fn prepare_kubelet(&self) -> anyhow::Result<()> {
+        self.script(&["prepare-kubelet", &self.name]).await
+    }
+
     async fn script(&self, args: &[&str]) -> anyhow::Result<()> {
         let out = Command::new(scripts_dir().join(args[0]))
             .args(&args[1..])

@@ -7,6 +7,8 @@
 //!   on loopback, CABPK-shaped join data (end-to-end test, demo).
 //! - [`http`]: a loopback HTTP(S) file server that counts requests (installer downloads), and a
 //!   throwaway CA for HTTPS servers of tests.
+//! - [`machine`]: a networked test host prepared as a Cluster API machine of a site (kubelet
+//!   needs, the site's CA, a bridge CNI configuration).
 //! - [`controller`]: `byoh-controller run` as a process under its generated RBAC.
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
@@ -21,6 +23,7 @@ pub mod controller;
 pub mod hosts;
 pub mod http;
 pub mod kubeadm;
+pub mod machine;
 pub mod phases;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead

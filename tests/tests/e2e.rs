@@ -168,7 +168,7 @@ impl Bed {
                 0o600,
             )
             .await?;
-            prepare_for_kubelet(host).await?;
+            host.prepare_kubelet().await?;
             host.run(&["systemctl", "start", "--no-block", "byoh-agent"])
                 .await?;
         }
@@ -395,20 +395,6 @@ impl Bed {
 /// What a kubelet needs inside a systemd-nspawn host that a VM has (`/dev/kmsg`, the kernel
 /// tunables it insists on): `tests/hosts/prepare-kubelet`, which changes nothing on the host's
 /// root filesystem nor on the machine.
-async fn prepare_for_kubelet(host: &Host) -> anyhow::Result<()> {
-    let out = tokio::process::Command::new(hosts::scripts_dir().join("prepare-kubelet"))
-        .arg(host.name())
-        .output()
-        .await?;
-    ensure!(
-        out.status.success(),
-        "tests/hosts/prepare-kubelet {}: {}",
-        host.name(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 /// ByoHosts, ByoMachines, Machines and Nodes as a table (kubectl-like), for reports.
 async fn object_states(admin: &Client, ns: &str) -> String {
     let mut s = String::new();
@@ -891,7 +877,7 @@ async fn faults(bed: &mut Bed) -> anyhow::Result<()> {
     bed.phases
         .done("off-on: Machine deleted, host released and marked needsCleanup");
     bed.host(0).power_on().await?;
-    prepare_for_kubelet(bed.host(0)).await?;
+    bed.host(0).prepare_kubelet().await?;
     wait_for(
         "the host cleaned and offered again",
         Duration::from_secs(180),
