@@ -10,6 +10,7 @@
 //! - [`machine`]: a networked test host prepared as a Cluster API machine of a site (kubelet
 //!   needs, the site's CA, a bridge CNI configuration).
 //! - [`controller`]: `byoh-controller run` as a process under its generated RBAC.
+//! - [`pool`]: hosts registered through a BootstrapKubeconfig with the packaged agent.
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
 //!
@@ -25,6 +26,7 @@ pub mod http;
 pub mod kubeadm;
 pub mod machine;
 pub mod phases;
+pub mod pool;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead
 /// of skipping them.

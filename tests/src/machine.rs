@@ -63,7 +63,9 @@ pub async fn prepare(host: &Host, ca_pems: &[String]) -> anyhow::Result<()> {
         .await?;
     }
     host.run(&["update-ca-certificates"]).await?;
-    let address = host.address().context("a machine host needs the test network")?;
+    let address = host
+        .address()
+        .context("a machine host needs the test network")?;
     host.write_file(
         CNI_CONFIG,
         cni_config(&pod_subnet(address)).as_bytes(),

@@ -31,7 +31,8 @@ use byoh_tests::controller::ControllerProcess;
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::kubeadm::{self, ArtifactServer, JoinInfo};
 use byoh_tests::phases::Phases;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use byoh_tests::pool;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -40,14 +41,6 @@ use std::time::Duration;
 
 /// One joined kubelet at a time on this machine (they would all bind port 10250).
 static ONE_KUBELET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Where the e2e test's hosts find the agent package (dist/ is mounted at /byoh/dist).
-fn deb_in_host() -> String {
-    format!(
-        "/byoh/dist/byoh-agent_{}-1_amd64.deb",
-        env!("CARGO_PKG_VERSION")
-    )
-}
 
 /// Everything one end-to-end test runs on.
 struct Bed {
@@ -103,91 +96,23 @@ impl Bed {
         Ok(bed)
     }
 
-    /// A BootstrapKubeconfig, its kubeconfig on every host, the agent from the .deb, started;
-    /// waits until every ByoHost is Available (the controller approves the hosts' CSRs).
+    /// Registers every host through a BootstrapKubeconfig (the agent from the .deb), with the
+    /// host label `e2e-host=<label>`.
     async fn register(&mut self, labels: &[&str]) -> anyhow::Result<()> {
         let kc = kube::config::Kubeconfig::read_from(self.cp.kubeconfig())?;
         let cluster = kc.clusters[0].cluster.clone().context("no cluster")?;
-        let bks: Api<byoh_api::BootstrapKubeconfig> =
-            Api::namespaced(self.admin.clone(), self.ns.name());
-        let bk: byoh_api::BootstrapKubeconfig = serde_json::from_value(json!({
-            "apiVersion": format!("{}/{}", byoh_api::GROUP, byoh_api::VERSION),
-            "kind": "BootstrapKubeconfig",
-            "metadata": {"name": "pool"},
-            "spec": {
-                "apiServer": cluster.server,
-                "certificateAuthorityData": cluster.certificate_authority_data,
-                "ttlSeconds": 3600,
-            }
-        }))?;
-        bks.create(&PostParams::default(), &bk).await?;
-        let secrets: Api<Secret> = Api::namespaced(self.admin.clone(), self.ns.name());
-        let bootstrap = wait_for(
-            "the BootstrapKubeconfig's kubeconfig Secret",
-            Duration::from_secs(60),
-            || async {
-                let Some(s) = secrets.get_opt("pool-bootstrap-kubeconfig").await? else {
-                    return Ok(None);
-                };
-                Ok(s.data
-                    .and_then(|d| d.get("kubeconfig").map(|b| b.0.clone()))
-                    .map(|b| String::from_utf8_lossy(&b).into_owned()))
-            },
+        let hosts: Vec<(&Host, &str)> = self.hosts.iter().zip(labels.iter().copied()).collect();
+        pool::register(
+            &self.admin,
+            self.ns.name(),
+            cluster.server.as_deref().context("no server")?,
+            cluster
+                .certificate_authority_data
+                .as_deref()
+                .context("no CA")?,
+            &hosts,
         )
-        .await?;
-        for (host, label) in self.hosts.iter().zip(labels) {
-            let out = host
-                .exec(&[
-                    "sh",
-                    "-c",
-                    &format!(
-                        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends {} 2>&1",
-                        deb_in_host()
-                    ),
-                ])
-                .await?;
-            ensure!(
-                out.success(),
-                "apt-get install of the agent on {}: {}",
-                host.name(),
-                out.stdout
-            );
-            let config = format!(
-                "[cluster]\nnamespace = \"{}\"\nbootstrap_kubeconfig = \"/etc/byoh/bootstrap-kubeconfig\"\n[host]\nlabels = {{ e2e-host = \"{label}\" }}\n[agent]\nlease_duration = \"15s\"\n",
-                self.ns.name()
-            );
-            host.write_file(
-                "/etc/byoh/agent.toml.d/50-e2e.toml",
-                config.as_bytes(),
-                0o600,
-            )
-            .await?;
-            host.write_file(
-                "/etc/byoh/bootstrap-kubeconfig",
-                bootstrap.as_bytes(),
-                0o600,
-            )
-            .await?;
-            host.prepare_kubelet().await?;
-            host.run(&["systemctl", "start", "--no-block", "byoh-agent"])
-                .await?;
-        }
-        let api: Api<ByoHost> = Api::namespaced(self.admin.clone(), self.ns.name());
-        for host in &self.hosts {
-            let name = host.name().to_string();
-            wait_for(
-                "the ByoHost to be Available",
-                Duration::from_secs(90),
-                || async {
-                    Ok(api.get_opt(&name).await?.filter(|h| {
-                        h.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available")
-                    }))
-                },
-            )
-            .await
-            .with_context(|| format!("host {name}"))?;
-        }
-        Ok(())
+        .await
     }
 
     fn dyn_api(&self, kind: &str, plural: &str) -> Api<DynamicObject> {
@@ -348,29 +273,7 @@ impl Bed {
 
     /// What a failure report needs: journals, controller log, object states.
     async fn diagnostics(&self) -> String {
-        let mut out = String::new();
-        for host in &self.hosts {
-            for unit in ["byoh-agent", "kubelet", "containerd"] {
-                let j = host
-                    .exec(&[
-                        "journalctl",
-                        "--no-pager",
-                        "-o",
-                        "short-precise",
-                        "-n",
-                        "150",
-                        "-u",
-                        unit,
-                    ])
-                    .await
-                    .map(|o| o.stdout)
-                    .unwrap_or_else(|e| e.to_string());
-                out.push_str(&format!(
-                    "\n===== journal of {unit} on {} =====\n{j}",
-                    host.name()
-                ));
-            }
-        }
+        let mut out = pool::journals(&self.hosts).await;
         let log = self.controller.log();
         let tail: Vec<&str> = log.lines().rev().take(200).collect();
         out.push_str("\n===== byoh-controller log (last 200 lines) =====\n");
@@ -392,9 +295,6 @@ impl Bed {
     }
 }
 
-/// What a kubelet needs inside a systemd-nspawn host that a VM has (`/dev/kmsg`, the kernel
-/// tunables it insists on): `tests/hosts/prepare-kubelet`, which changes nothing on the host's
-/// root filesystem nor on the machine.
 /// ByoHosts, ByoMachines, Machines and Nodes as a table (kubectl-like), for reports.
 async fn object_states(admin: &Client, ns: &str) -> String {
     let mut s = String::new();

@@ -3,7 +3,7 @@
 
 use super::files::{copy_entry, install_file, mode_of, tmp_sibling};
 use super::probe::{active_swaps, is_swap_line, read_sysctl, under, unit_enabled};
-use super::steps::{Content, Step, file_key, systemd_cgroup};
+use super::steps::{Content, Step, cri_for_kubelet, file_key};
 use super::{
     CONTAINERD_CONFIG, CONTAINERD_UNIT, Change, Entry, FSTAB_MARKER, InstallError, InstallManifest,
     InstallRequest, SHORT_COMMAND_TIMEOUT, SYSCTL_FILE, SYSCTLS, bare_version, download, invalid,
@@ -687,7 +687,7 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
             ),
         };
         let Some(patched) =
-            systemd_cgroup(&text).map_err(|message| InstallError::ContainerdConfig {
+            cri_for_kubelet(&text).map_err(|message| InstallError::ContainerdConfig {
                 path: host.into(),
                 message,
             })?

@@ -81,8 +81,8 @@ async fn tarball_installs_prepares_the_host_and_uninstall_restores_it_exactly() 
     assert_eq!(t["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"].as_bool(), Some(true));
     assert_eq!(
         t["plugins"]["io.containerd.grpc.v1.cri"]["cni"]["bin_dir"].as_str(),
-        Some("/usr/lib/cni"),
-        "the rest is kept"
+        Some("/opt/cni/bin"),
+        "the CNI plugins are looked for where the tarball put them"
     );
     let fstab = std::fs::read_to_string(b.root.join("etc/fstab")).unwrap();
     assert!(fstab.contains(&format!("{FSTAB_MARKER}UUID=def none swap sw 0 0\n")));

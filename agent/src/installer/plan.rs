@@ -4,7 +4,7 @@ use super::probe::{active_swaps, is_swap_line, read_sysctl, under, unit_enabled}
 use super::source::source_of;
 use super::steps::{Content, Step, file_key, steps};
 use super::{
-    CONTAINERD_CONFIG, CONTAINERD_UNIT, FSTAB_MARKER, InstallError, InstallManifest,
+    CNI_BIN_DIR, CONTAINERD_CONFIG, CONTAINERD_UNIT, FSTAB_MARKER, InstallError, InstallManifest,
     InstallRequest, PlannedChange, SYSCTLS, download,
 };
 use byoh_api::byohost::HostInfo;
@@ -135,7 +135,7 @@ pub fn plan_install(
                 }
             }
             Step::ContainerdConfig => out.push(planned(format!(
-                "set SystemdCgroup = true for runc in {CONTAINERD_CONFIG} (generated with `containerd config default` if missing; backup kept)"
+                "set SystemdCgroup = true for runc and the CNI plugin directory {CNI_BIN_DIR} in {CONTAINERD_CONFIG} (generated with `containerd config default` if missing; backup kept)"
             ))),
             Step::ContainerdService => out.push(planned(format!(
                 "enable {CONTAINERD_UNIT} if not enabled; restart it if active, else start it"

@@ -149,30 +149,54 @@ fn invalid_requests_are_refused_with_the_field() {
 }
 
 #[test]
-fn containerd_systemd_cgroup_for_each_config_version() {
-    let v2 = systemd_cgroup(DEBIAN_CONTAINERD).unwrap().unwrap();
+fn containerd_systemd_cgroup_and_cni_dir_for_each_config_version() {
+    let v2 = cri_for_kubelet(DEBIAN_CONTAINERD).unwrap().unwrap();
     let t: toml::Table = v2.parse().unwrap();
+    // Debian's /usr/lib/cni becomes the directory the CNI plugins are installed in.
+    assert_eq!(
+        t["plugins"]["io.containerd.grpc.v1.cri"]["cni"]["bin_dir"].as_str(),
+        Some("/opt/cni/bin")
+    );
     let runc = &t["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
     assert_eq!(runc["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
     assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
-    assert_eq!(systemd_cgroup(&v2).unwrap(), None, "already set: unchanged");
-    let v3 = systemd_cgroup("version = 3\n").unwrap().unwrap();
+    assert_eq!(
+        cri_for_kubelet(&v2).unwrap(),
+        None,
+        "already set: unchanged"
+    );
+    let v3 = cri_for_kubelet("version = 3\n").unwrap().unwrap();
     let t: toml::Table = v3.parse().unwrap();
     assert_eq!(t["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"].as_bool(), Some(true));
+    // containerd 2.1+: a list of directories gets /opt/cni/bin first, the others kept.
+    let v3_dirs = cri_for_kubelet("version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".cni]\nbin_dirs = [\"/usr/lib/cni\"]\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\nSystemdCgroup = true\n").unwrap().unwrap();
+    let t: toml::Table = v3_dirs.parse().unwrap();
+    let dirs = t["plugins"]["io.containerd.cri.v1.runtime"]["cni"]["bin_dirs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(
+        dirs.iter().filter_map(|d| d.as_str()).collect::<Vec<_>>(),
+        ["/opt/cni/bin", "/usr/lib/cni"]
+    );
+    assert_eq!(
+        cri_for_kubelet(&v3_dirs).unwrap(),
+        None,
+        "already right: unchanged"
+    );
     let off = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\nSystemdCgroup = false\n";
     assert!(
-        systemd_cgroup(off)
+        cri_for_kubelet(off)
             .unwrap()
             .unwrap()
             .contains("SystemdCgroup = true")
     );
     assert!(
-        systemd_cgroup("[plugins]\n")
+        cri_for_kubelet("[plugins]\n")
             .unwrap_err()
             .contains("containerd config migrate")
     );
     assert!(
-        systemd_cgroup("not = [toml")
+        cri_for_kubelet("not = [toml")
             .unwrap_err()
             .contains("not valid TOML")
     );

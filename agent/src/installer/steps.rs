@@ -248,10 +248,16 @@ pub(super) fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) ->
     v
 }
 
-/// Sets `SystemdCgroup = true` for the runc runtime of a containerd config (version 2:
-/// `io.containerd.grpc.v1.cri`, version 3: `io.containerd.cri.v1.runtime`). `Ok(None)` when it
-/// is already set.
-pub fn systemd_cgroup(text: &str) -> Result<Option<String>, String> {
+/// Makes a containerd config what the kubelet needs: `SystemdCgroup = true` for the runc
+/// runtime (the kubelet's systemd cgroup driver), and the CRI plugin's CNI plugin directory at
+/// [`CNI_BIN_DIR`](super::CNI_BIN_DIR), where the `kubernetes-cni` package, the `tarball`
+/// source and CNI DaemonSets (Calico, Flannel, ...) put plugins — Debian's containerd package
+/// sets `bin_dir = "/usr/lib/cni"`, where none of them look (found by the Cluster API
+/// end-to-end test: Nodes stayed NotReady). Config version 2 (`io.containerd.grpc.v1.cri`,
+/// `cni.bin_dir`) and 3 (`io.containerd.cri.v1.runtime`, `cni.bin_dir` in containerd 2.0 or the
+/// list `cni.bin_dirs` since 2.1); a directory left unset is containerd's default, already
+/// `/opt/cni/bin`. `Ok(None)` when nothing needs to change; `Err` names what is wrong.
+pub fn cri_for_kubelet(text: &str) -> Result<Option<String>, String> {
     let mut doc: toml::Table = text.parse().map_err(|e| format!("not valid TOML: {e}"))?;
     let version = doc.get("version").and_then(toml::Value::as_integer);
     let plugin = match version {
@@ -264,30 +270,50 @@ pub fn systemd_cgroup(text: &str) -> Result<Option<String>, String> {
             ));
         }
     };
-    let mut t = &mut doc;
-    for k in ["plugins", plugin, "containerd", "runtimes", "runc"] {
-        let v = t
-            .entry(k.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        t = v
-            .as_table_mut()
-            .ok_or_else(|| format!("{k} is not a table"))?;
+    let mut changed = false;
+    let cri = table_at(&mut doc, &["plugins", plugin])?;
+    let cni = table_at(cri, &["cni"])?;
+    if let Some(dir) = cni.get_mut("bin_dir") {
+        if dir.as_str() != Some(super::CNI_BIN_DIR) {
+            *dir = toml::Value::String(super::CNI_BIN_DIR.into());
+            changed = true;
+        }
     }
-    let runc = t;
+    if let Some(dirs) = cni.get_mut("bin_dirs") {
+        let dirs = dirs.as_array_mut().ok_or("cni.bin_dirs is not a list")?;
+        if !dirs.iter().any(|d| d.as_str() == Some(super::CNI_BIN_DIR)) {
+            dirs.insert(0, toml::Value::String(super::CNI_BIN_DIR.into()));
+            changed = true;
+        }
+    }
+    let runc = table_at(cri, &["containerd", "runtimes", "runc"])?;
     runc.entry("runtime_type".to_string())
         .or_insert_with(|| toml::Value::String("io.containerd.runc.v2".into()));
-    let options = runc
-        .entry("options".to_string())
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-        .as_table_mut()
-        .ok_or("runc options is not a table")?;
-    if options.get("SystemdCgroup").and_then(toml::Value::as_bool) == Some(true) {
+    let options = table_at(runc, &["options"])?;
+    if options.get("SystemdCgroup").and_then(toml::Value::as_bool) != Some(true) {
+        options.insert("SystemdCgroup".into(), toml::Value::Boolean(true));
+        changed = true;
+    }
+    if !changed {
         return Ok(None);
     }
-    options.insert("SystemdCgroup".into(), toml::Value::Boolean(true));
-    let mut out = String::from(
-        "# SystemdCgroup = true set by byoh-agent for the kubelet's systemd cgroup driver; the original is restored when the host is released.\n",
+    let mut out = format!(
+        "# Set by byoh-agent for the kubelet (SystemdCgroup = true for runc, CNI plugins in {}); the original is restored when the host is released.\n",
+        super::CNI_BIN_DIR
     );
     out.push_str(&toml::to_string(&doc).map_err(|e| e.to_string())?);
     Ok(Some(out))
+}
+
+/// The table at `path` below `t`, created empty where missing; `Err` when a key on the way
+/// holds something else.
+fn table_at<'a>(mut t: &'a mut toml::Table, path: &[&str]) -> Result<&'a mut toml::Table, String> {
+    for k in path {
+        t = t
+            .entry(k.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| format!("{k} is not a table"))?;
+    }
+    Ok(t)
 }
