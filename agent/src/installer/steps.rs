@@ -273,11 +273,11 @@ pub fn cri_for_kubelet(text: &str) -> Result<Option<String>, String> {
     let mut changed = false;
     let cri = table_at(&mut doc, &["plugins", plugin])?;
     let cni = table_at(cri, &["cni"])?;
-    if let Some(dir) = cni.get_mut("bin_dir") {
-        if dir.as_str() != Some(super::CNI_BIN_DIR) {
-            *dir = toml::Value::String(super::CNI_BIN_DIR.into());
-            changed = true;
-        }
+    if let Some(dir) = cni.get_mut("bin_dir")
+        && dir.as_str() != Some(super::CNI_BIN_DIR)
+    {
+        *dir = toml::Value::String(super::CNI_BIN_DIR.into());
+        changed = true;
     }
     if let Some(dirs) = cni.get_mut("bin_dirs") {
         let dirs = dirs.as_array_mut().ok_or("cni.bin_dirs is not a list")?;
