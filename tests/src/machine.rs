@@ -48,11 +48,13 @@ pub fn cni_config(subnet: &str) -> String {
 }
 
 /// Prepares `host` (booted with `network` and `containers`) as a machine of the site whose CA
-/// certificates are `ca_pems`: kubelet needs, the CAs in the system trust store
-/// (`update-ca-certificates`, which containerd and apt use), the CNI configuration.
+/// certificates are `ca_pems` and whose registry serves `sandbox_image` (the pause image): kubelet
+/// needs, the CAs in the system trust store (`update-ca-certificates`, which containerd and apt
+/// use), containerd's CRI `sandbox_image` (an air-gapped site's first setting: containerd 1.6
+/// otherwise pulls `registry.k8s.io/pause`), the CNI configuration.
 ///
 /// Errors when the host has no address on the test network or a command fails inside.
-pub async fn prepare(host: &Host, ca_pems: &[String]) -> anyhow::Result<()> {
+pub async fn prepare(host: &Host, ca_pems: &[String], sandbox_image: &str) -> anyhow::Result<()> {
     host.prepare_kubelet().await?;
     for (i, pem) in ca_pems.iter().enumerate() {
         host.write_file(
@@ -63,6 +65,12 @@ pub async fn prepare(host: &Host, ca_pems: &[String]) -> anyhow::Result<()> {
         .await?;
     }
     host.run(&["update-ca-certificates"]).await?;
+    // Debian's /etc/containerd/config.toml (version 2) has a `[plugins."io.containerd.grpc.v1.cri"]`
+    // table: the setting goes into it.
+    let set_sandbox = format!(
+        "sed -i -e '/sandbox_image = /d' -e '/^ *\\[plugins\\.\"io\\.containerd\\.grpc\\.v1\\.cri\"\\]$/a\\    sandbox_image = \"{sandbox_image}\"' /etc/containerd/config.toml && grep -q 'sandbox_image = \"{sandbox_image}\"' /etc/containerd/config.toml && systemctl restart containerd"
+    );
+    host.run(&["sh", "-c", &set_sandbox]).await?;
     let address = host
         .address()
         .context("a machine host needs the test network")?;
