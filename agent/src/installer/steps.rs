@@ -250,10 +250,10 @@ pub(super) fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) ->
 
 /// Makes a containerd config what the kubelet needs: `SystemdCgroup = true` for the runc
 /// runtime (the kubelet's systemd cgroup driver), and the CRI plugin's CNI plugin directory at
-/// [`CNI_BIN_DIR`](super::CNI_BIN_DIR), where the `kubernetes-cni` package, the `tarball`
+/// [`CNI_BIN_DIR`], where the `kubernetes-cni` package, the `tarball`
 /// source and CNI DaemonSets (Calico, Flannel, ...) put plugins — Debian's containerd package
-/// sets `bin_dir = "/usr/lib/cni"`, where none of them look (found by the Cluster API
-/// end-to-end test: Nodes stayed NotReady). Config version 2 (`io.containerd.grpc.v1.cri`,
+/// sets `bin_dir = "/usr/lib/cni"`, where none of them put plugins, so the CRI never reports
+/// its network ready and Nodes stay NotReady (found while preparing the control-plane path). Config version 2 (`io.containerd.grpc.v1.cri`,
 /// `cni.bin_dir`) and 3 (`io.containerd.cri.v1.runtime`, `cni.bin_dir` in containerd 2.0 or the
 /// list `cni.bin_dirs` since 2.1); a directory left unset is containerd's default, already
 /// `/opt/cni/bin`. `Ok(None)` when nothing needs to change; `Err` names what is wrong.
