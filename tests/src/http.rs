@@ -99,24 +99,39 @@ impl FileServer {
     }
 }
 
-/// Answers one HTTP/1.1 request on `s` from `files`, counting it in `counter`.
-async fn answer<S>(mut s: S, files: &[(String, Vec<u8>)], counter: &Mutex<BTreeMap<String, usize>>)
+/// Reads an HTTP/1.1 request head (at most 64 KiB) from `s` and returns its path without the
+/// query string; `None` when the connection ends first or the head is too long.
+pub async fn request_path<S>(s: &mut S) -> Option<String>
 where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    S: tokio::io::AsyncRead + Unpin,
 {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         match s.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if buf.len() > 64 * 1024 {
+            return None;
         }
     }
     let req = String::from_utf8_lossy(&buf);
     let path = req.split_whitespace().nth(1).unwrap_or("/");
+    Some(path.split('?').next().unwrap_or("/").to_string())
+}
+
+/// Answers one HTTP/1.1 request on `s` from `files`, counting it in `counter`.
+async fn answer<S>(mut s: S, files: &[(String, Vec<u8>)], counter: &Mutex<BTreeMap<String, usize>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let Some(path) = request_path(&mut s).await else {
+        return;
+    };
     // As web servers do: `/./` is `/` (apt asks for `Filename: ./x.deb` of a flat repository
     // as `<base>/./x.deb`).
-    let path = path.split('?').next().unwrap_or("/").replace("/./", "/");
+    let path = path.replace("/./", "/");
     if let Ok(mut h) = counter.lock() {
         *h.entry(path.clone()).or_default() += 1;
     }

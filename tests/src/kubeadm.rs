@@ -7,7 +7,7 @@
 use anyhow::{Context as _, bail};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 
 /// What a worker needs to join the control plane (`DIR/join.env` of `kubeadm-init`).
 #[derive(Debug, Clone)]
@@ -142,24 +142,10 @@ impl Drop for ArtifactServer {
 }
 
 async fn serve_one(mut s: tokio::net::TcpStream, dir: PathBuf) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-        if buf.len() > 64 * 1024 {
-            return;
-        }
-    }
-    let req = String::from_utf8_lossy(&buf);
-    let path = req.split_whitespace().nth(1).unwrap_or("/");
-    let name = path
-        .split('?')
-        .next()
-        .unwrap_or("/")
-        .trim_start_matches('/');
+    let Some(path) = crate::http::request_path(&mut s).await else {
+        return;
+    };
+    let name = path.trim_start_matches('/');
     let file =
         (!name.is_empty() && !name.contains('/') && !name.starts_with('.')).then(|| dir.join(name));
     match file.map(std::fs::File::open) {
