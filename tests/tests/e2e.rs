@@ -20,6 +20,8 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
+#[path = "controller_process/mod.rs"]
+mod controller_process;
 #[path = "security_common/mod.rs"]
 mod security_common;
 
@@ -29,13 +31,12 @@ use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{PrivateControlPlane, TestNamespace};
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::kubeadm::{self, ArtifactServer, JoinInfo};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Node, Secret, ServiceAccount};
+use controller_process::ControllerProcess;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// One joined kubelet at a time on this machine (they would all bind port 10250).
@@ -81,83 +82,6 @@ impl Phases {
         }
         s.push_str(&format!("{:<60} {:>7.1}\n", "total", total.as_secs_f64()));
         s
-    }
-}
-
-/// `byoh-controller run` as a process, with the ServiceAccount's token.
-struct ControllerProcess {
-    child: std::process::Child,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl ControllerProcess {
-    async fn start(admin: &Client, kubeconfig: &Path, namespace: &str) -> anyhow::Result<Self> {
-        let bin = agent::repo_root().join("target/debug/byoh-controller");
-        ensure!(
-            bin.exists(),
-            "{} is missing: tests/run builds it (cargo build -p byoh-controller)",
-            bin.display()
-        );
-        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "byoh-system");
-        let tr = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec![],
-                expiration_seconds: Some(3600 * 4),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let token = sas
-            .create_token_request("byoh-controller-manager", &PostParams::default(), &tr)
-            .await
-            .context("TokenRequest for byoh-system/byoh-controller-manager")?
-            .status
-            .context("no token in the TokenRequest")?
-            .token;
-        let mut kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-        for named in &mut kc.auth_infos {
-            named.auth_info = Some(kube::config::AuthInfo {
-                token: Some(token.clone().into()),
-                ..Default::default()
-            });
-        }
-        let dir = tempfile::tempdir()?;
-        let kc_path = dir.path().join("controller.kubeconfig");
-        std::fs::write(&kc_path, serde_yaml_ng::to_string(&kc)?)?;
-        let log = dir.path().join("controller.log");
-        let out = std::fs::File::create(&log)?;
-        let child = std::process::Command::new(bin)
-            .args([
-                "run",
-                "--namespace",
-                namespace,
-                "--leader-elect=false",
-                "--metrics-address=",
-                "--release-timeout=5m",
-            ])
-            .env("KUBECONFIG", &kc_path)
-            .env("RUST_LOG", "info")
-            .stdin(std::process::Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()?;
-        Ok(Self {
-            child,
-            log,
-            _dir: dir,
-        })
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ControllerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

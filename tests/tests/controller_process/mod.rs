@@ -1,0 +1,89 @@
+//! `byoh-controller run` as a process, authenticated with a token of the
+//! `byoh-system/byoh-controller-manager` ServiceAccount of `infrastructure-components.yaml`
+//! (installed first), so that only the generated RBAC applies. Shared by `e2e` and
+//! `capi_managers`.
+
+use anyhow::{Context as _, ensure};
+use byoh_tests::agent;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use std::path::{Path, PathBuf};
+
+/// `byoh-controller run` as a process, with the ServiceAccount's token.
+pub struct ControllerProcess {
+    child: std::process::Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ControllerProcess {
+    pub async fn start(admin: &Client, kubeconfig: &Path, namespace: &str) -> anyhow::Result<Self> {
+        let bin = agent::repo_root().join("target/debug/byoh-controller");
+        ensure!(
+            bin.exists(),
+            "{} is missing: tests/run builds it (cargo build -p byoh-controller)",
+            bin.display()
+        );
+        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "byoh-system");
+        let tr = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![],
+                expiration_seconds: Some(3600 * 4),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let token = sas
+            .create_token_request("byoh-controller-manager", &PostParams::default(), &tr)
+            .await
+            .context("TokenRequest for byoh-system/byoh-controller-manager")?
+            .status
+            .context("no token in the TokenRequest")?
+            .token;
+        let mut kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+        for named in &mut kc.auth_infos {
+            named.auth_info = Some(kube::config::AuthInfo {
+                token: Some(token.clone().into()),
+                ..Default::default()
+            });
+        }
+        let dir = tempfile::tempdir()?;
+        let kc_path = dir.path().join("controller.kubeconfig");
+        std::fs::write(&kc_path, serde_yaml_ng::to_string(&kc)?)?;
+        let log = dir.path().join("controller.log");
+        let out = std::fs::File::create(&log)?;
+        let child = std::process::Command::new(bin)
+            .args([
+                "run",
+                "--namespace",
+                namespace,
+                "--leader-elect=false",
+                "--metrics-address=",
+                "--release-timeout=5m",
+            ])
+            .env("KUBECONFIG", &kc_path)
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()?;
+        Ok(Self {
+            child,
+            log,
+            _dir: dir,
+        })
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
