@@ -24,3 +24,37 @@ etcd_bin="$cache_root/etcd-$etcd_version/bin"
 
 log() { echo "control-plane: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# Ports: random free ports on 127.0.0.1 (nothing accepts a connection there now), below the
+# kernel's ephemeral range: a port there may be the local end of some outgoing connection,
+# which no connect test sees but which makes the server's bind fail. free_port runs in a
+# command substitution, so the caller records each port it got: p=$(free_port); used_ports+="$p "
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range
+((ephemeral_low > 21000)) || ephemeral_low=32768
+used_ports=" "
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$((20000 + RANDOM % (ephemeral_low - 20000)))
+    [[ "$used_ports" == *" $p "* ]] && continue
+    port_taken "$p" && continue
+    echo "$p"
+    return 0
+  done
+  die "no free TCP port found on 127.0.0.1"
+}
+
+# Cluster API: the version clusterctl and the managers are built from (tests/capi/go.mod), and
+# capi_source printing the module's source directory (downloaded from the Go module proxy
+# into the module cache if needed; verified against tests/capi/go.sum).
+capi_version="$(awk '$1 == "sigs.k8s.io/cluster-api" { print $2; exit }' "$cp_dir/../capi/go.mod")"
+capi_source() {
+  local src
+  src="$(cd "$cp_dir/../capi" && go mod download -json "sigs.k8s.io/cluster-api@$capi_version" \
+    | awk -F'"' '$2 == "Dir" { print $4 }')"
+  [[ -d "$src" ]] || die "cannot download sigs.k8s.io/cluster-api@$capi_version (see above)"
+  echo "$src"
+}
+# Where each provider's config lives in the module (kustomize bases, CRDs, RBAC, webhooks).
+capi_providers=(core bootstrap/kubeadm controlplane/kubeadm)

@@ -3,7 +3,7 @@
 //!
 //! - `sh test`: run with bash on this machine (the operator's workstation) in a work folder that
 //!   holds a release (`packaging/release --no-build`: packages, manifests, clusterctl
-//!   repository), with `kubectl` and `clusterctl` (v1.14.2, `tests/clusterctl/build`) on PATH
+//!   repository), with `kubectl` and `clusterctl` (v1.14.2, `tests/capi/build`) on PATH
 //!   and `KUBECONFIG` the test control plane's admin kubeconfig. Variables a block `export`s
 //!   are seen by the later blocks, as in one terminal;
 //! - `sh test-host`: run with bash as root in `/root` of a booted Debian 12 host;
@@ -238,7 +238,8 @@ async fn getting_started_works_as_written() {
             .arg(&dir),
     );
     let kube_bin = first_line(&mut Command::new(root.join("tests/control-plane/build")));
-    let clusterctl = first_line(&mut Command::new(root.join("tests/clusterctl/build")));
+    let clusterctl = first_line(Command::new(root.join("tests/capi/build")).arg("clusterctl"))
+        .join("clusterctl");
     let ws = Workstation {
         path: format!(
             "{}:{}:{}",

@@ -1,6 +1,6 @@
 //! `make release` (packaging/release): the release files and SHA256SUMS, and the clusterctl
 //! local repository it lays out, accepted by a real clusterctl (built from the Go module proxy
-//! by `tests/clusterctl/build`, cached under ~/.cache/byoh-test): `generate provider` and
+//! by `tests/capi/build`, cached under ~/.cache/byoh-test): `generate provider` and
 //! `generate cluster` (default and `topology` flavors, the latter pulling in the ClusterClass).
 //!
 //! Reuses the packages and image that `make test` builds into `dist/` before the integration
@@ -71,10 +71,8 @@ fn run(cmd: &mut Command) -> String {
 
 /// clusterctl built from the pinned module (first run: several minutes).
 fn clusterctl() -> PathBuf {
-    let out = run(&mut Command::new(
-        repo_root().join("tests/clusterctl/build"),
-    ));
-    PathBuf::from(out.lines().last().unwrap().trim())
+    let out = run(Command::new(repo_root().join("tests/capi/build")).arg("clusterctl"));
+    PathBuf::from(out.lines().last().unwrap().trim()).join("clusterctl")
 }
 
 /// A clusterctl command with its own config and home (clusterctl writes overrides and a
