@@ -699,7 +699,7 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         host.read_to_string("/run/byoh-test-kubeadm.log")
             .await
             .unwrap(),
-        "join --config /dev/null\nreset --force\n"
+        "join --config /dev/null\nreset --force --cri-socket unix:///run/containerd/containerd.sock\n"
     );
     assert!(installed(&host).await.is_empty());
     assert!(!exists(&host, "/etc/apt/sources.list.d/byoh-kubernetes.sources").await);

@@ -20,9 +20,9 @@
 //! report `cleanedMachineUID`. Every step is
 //! idempotent; missing tools, units and files are skipped.
 
-use crate::cloudinit::{self, CommandRunner, InstanceData, RawCommand, ValidateOptions};
+use crate::cloudinit::{self, CommandRunner, InstanceData, ValidateOptions};
 use crate::state::{
-    ClaimWork, CleanupWork, HostState, Outcome, Rerun, StateError, StateFile, Steps, WrittenFile,
+    ClaimWork, HostState, Outcome, Rerun, StateError, StateFile, Steps, WrittenFile,
 };
 use crate::systemd::{UnitManager, notify};
 use byoh_api::ByoHost;
@@ -236,6 +236,12 @@ pub enum WorkError {
     /// The uninstall of what the installer recorded failed.
     #[error(transparent)]
     Uninstall(#[from] crate::installer::InstallError),
+    /// `kubeadm reset` failed.
+    #[error(transparent)]
+    Reset(#[from] reset::ResetError),
+    /// Removing a directory met a mount that could not be unmounted (or a filesystem error).
+    #[error(transparent)]
+    Mount(#[from] crate::mounts::MountError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkError + '_ {
@@ -286,6 +292,10 @@ struct BootstrapData {
 }
 
 use crate::fsutil::under;
+
+mod cleanup;
+pub mod reset;
+pub use cleanup::failure_reason;
 
 fn failpoint(step: &str) -> impl std::future::Future<Output = ()> {
     let hit = std::env::var(FAILPOINT_ENV)
@@ -969,219 +979,6 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         }
         crate::fsutil::write_atomic(&host_path, content, mode).map_err(io(&host_path))?;
         Ok(record)
-    }
-
-    async fn cleanup(
-        &self,
-        host: &ByoHost,
-        machine_uid: &str,
-        state: &mut HostState,
-    ) -> Result<(), WorkError> {
-        if state.cleanup.is_none() {
-            state.cleanup = Some(CleanupWork {
-                machine_uid: machine_uid.into(),
-                steps: Vec::new(),
-            });
-            self.save(state)?;
-            tracing::info!(
-                machine_uid,
-                byoh_phase = phase::CLEANING_UP,
-                "cleaning up after the claim"
-            );
-        }
-        notify::status("Cleaning up: resetting the host");
-        self.report(
-            host,
-            phase::CLEANING_UP,
-            state,
-            &[(
-                types::CLEANUP_SUCCEEDED,
-                false,
-                reasons::RELEASING,
-                "resetting the host",
-            )],
-        )
-        .await?;
-
-        for next in CLEANUP_STEPS {
-            match next {
-                CleanupStep::KubeadmReset => {
-                    self.cleanup_step(state, next, |me| async move {
-                        let kubeadm = ["/usr/bin/kubeadm", "/usr/local/bin/kubeadm"]
-                            .into_iter()
-                            .find(|p| under(&me.settings.root, Path::new(p)).exists());
-                        if let Some(k) = kubeadm {
-                            let cmd =
-                                RawCommand::Argv(vec![k.into(), "reset".into(), "--force".into()]);
-                            match me.runner.run(&cmd, me.settings.command_timeout).await {
-                                Ok(o) if o.exit.success() => {}
-                                Ok(o) => tracing::warn!(
-                                    "kubeadm reset failed ({:?}): {}; continuing the clean-up",
-                                    o.exit,
-                                    cloudinit::stderr_tail(&o.stderr)
-                                ),
-                                Err(e) => tracing::warn!(
-                                    "kubeadm reset could not start: {e}; continuing the clean-up"
-                                ),
-                            }
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                }
-                CleanupStep::StopKubelet => {
-                    self.cleanup_step(state, next, |me| async move {
-                        let s = me.units.state(crate::units::KUBELET_UNIT).await?;
-                        if s.load_state != "not-found" {
-                            me.units.stop(crate::units::KUBELET_UNIT).await?;
-                            me.units.disable(&[crate::units::KUBELET_UNIT]).await?;
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                }
-                CleanupStep::RemoveFiles => {
-                    let work = state.claim.clone();
-                    self.cleanup_step(state, next, |me| async move {
-                        let root = &me.settings.root;
-                        if let Some(w) = &work {
-                            for f in w.written_files.iter().rev() {
-                                let p = under(root, &f.path);
-                                match &f.backup {
-                                    Some(b) => {
-                                        if b.exists() {
-                                            let mode =
-                                                std::fs::metadata(b).map_err(io(b))?.permissions();
-                                            let content = std::fs::read(b).map_err(io(b))?;
-                                            crate::fsutil::write_atomic(
-                                                &p,
-                                                &content,
-                                                std::os::unix::fs::PermissionsExt::mode(&mode)
-                                                    & 0o7777,
-                                            )
-                                            .map_err(io(&p))?;
-                                        }
-                                    }
-                                    None => match std::fs::remove_file(&p) {
-                                        Ok(()) => {}
-                                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                                        Err(e) => return Err(io(&p)(e)),
-                                    },
-                                }
-                                for d in f.created_dirs.iter().rev() {
-                                    let _ = std::fs::remove_dir(under(root, d));
-                                }
-                            }
-                            for d in RUNTIME_DIRS {
-                                if !w.preexisting_dirs.iter().any(|p| p == Path::new(d)) {
-                                    let p = under(root, Path::new(d));
-                                    match std::fs::remove_dir_all(&p) {
-                                        Ok(()) => {}
-                                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                                        Err(e) => return Err(io(&p)(e)),
-                                    }
-                                }
-                            }
-                        }
-                        let backups = me.settings.state_dir.join("backups");
-                        let _ = std::fs::remove_dir_all(&backups);
-                        me.units.daemon_reload().await?;
-                        Ok(())
-                    })
-                    .await?;
-                }
-                CleanupStep::Uninstall => {
-                    self.cleanup_step(state, next, |me| async move {
-                        let manifest = me.settings.state_dir.join(crate::installer::MANIFEST_FILE);
-                        Ok(crate::installer::uninstall(
-                            &manifest,
-                            &me.settings.root,
-                            &me.units,
-                            &me.runner,
-                        )
-                        .await?)
-                    })
-                    .await?;
-                }
-            }
-        }
-
-        state.cleaned_machine_uid = Some(machine_uid.into());
-        state.claim = None;
-        state.cleanup = None;
-        self.save(state)?;
-        tracing::info!(
-            machine_uid,
-            byoh_phase = phase::AVAILABLE,
-            "clean-up finished"
-        );
-        notify::status("Cleaned up; the host is back in the pool");
-        let released = host.spec.claim.is_some();
-        let msg = if released {
-            "cleaned up; waiting for the controller to drop the claim"
-        } else {
-            "registered; waiting for a ByoMachine to claim this host"
-        };
-        self.report(
-            host,
-            phase::AVAILABLE,
-            state,
-            &[
-                (
-                    types::CLEANUP_SUCCEEDED,
-                    true,
-                    reasons::AS_EXPECTED,
-                    "the host was reset and returned to the pool",
-                ),
-                (
-                    types::READY,
-                    true,
-                    if released {
-                        reasons::RELEASING
-                    } else {
-                        reasons::WAITING_FOR_CLAIM
-                    },
-                    msg,
-                ),
-                (
-                    types::BOOTSTRAP_SUCCEEDED,
-                    false,
-                    reasons::WAITING_FOR_CLAIM,
-                    "no claim",
-                ),
-            ],
-        )
-        .await
-    }
-
-    async fn cleanup_step<'a, F, Fut>(
-        &'a self,
-        state: &mut HostState,
-        step: CleanupStep,
-        f: F,
-    ) -> Result<(), WorkError>
-    where
-        F: FnOnce(&'a Self) -> Fut,
-        Fut: std::future::Future<Output = Result<(), WorkError>>,
-    {
-        let step = step.to_string();
-        if state.cleanup.as_ref().is_some_and(|c| c.done(&step)) {
-            return Ok(());
-        }
-        failpoint(&step).await;
-        if let Some(c) = state.cleanup.as_mut() {
-            c.start(&step, Rerun::Idempotent);
-        }
-        self.save(state)?;
-        let result = f(self).await;
-        if let Some(c) = state.cleanup.as_mut() {
-            c.finish(
-                &step,
-                result.as_ref().map(|_| ()).map_err(|e| e.to_string()),
-            );
-        }
-        self.save(state)?;
-        result
     }
 }
 
