@@ -136,7 +136,7 @@ pub async fn reset(
     let socket = cri_socket(root);
     let argv = reset_argv(kubeadm, &socket);
     let command = argv.join(" ");
-    tracing::info!(%command, "resetting the host");
+    tracing::info!("resetting the host: {command}");
     let out = runner
         .run(&RawCommand::Argv(argv), timeout)
         .await
