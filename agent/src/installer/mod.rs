@@ -18,6 +18,7 @@
 mod apply;
 #[cfg(test)]
 mod bundle_tests;
+pub mod busy;
 mod checks;
 pub mod cli;
 pub mod download;

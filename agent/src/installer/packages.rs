@@ -125,7 +125,7 @@ impl PackageSteps {
                 };
                 if let Some(i) = idx {
                     ctx.commands()
-                        .run(
+                        .run_pm(
                             &argv(&["apt-get", "update", "-q"]),
                             PACKAGE_COMMAND_TIMEOUT,
                             "check the repository URL (packages.aptRepository), that packages.keyURL is the key the repository is signed with, and this host's network",
@@ -147,7 +147,7 @@ impl PackageSteps {
                 let mut cmd = argv(&["apt-mark", "hold"]);
                 cmd.extend(installed);
                 ctx.commands()
-                    .run(&cmd, SHORT_COMMAND_TIMEOUT, "hold the packages by hand")
+                    .run_pm(&cmd, SHORT_COMMAND_TIMEOUT, "hold the packages by hand")
                     .await?;
                 ctx.done(idx)
             }
@@ -289,7 +289,7 @@ impl PackageSteps {
         };
         cmd.extend(requested.iter().cloned());
         ctx.commands()
-            .run(
+            .run_pm(
                 &cmd,
                 PACKAGE_COMMAND_TIMEOUT,
                 "check that the repository has these versions (packages.versionPin)",
@@ -364,7 +364,7 @@ impl PackageSteps {
         cmd.push(format!("Dir::Cache::archives={}", archives.display()));
         cmd.extend(requested.iter().cloned());
         ctx.commands()
-            .run(
+            .run_pm(
                 &cmd,
                 PACKAGE_COMMAND_TIMEOUT,
                 "check that the repository has these versions (packages.versionPin)",
@@ -517,7 +517,7 @@ pub(super) async fn revert<R: CommandRunner>(
             if !present.is_empty() {
                 let mut cmd = argv(&["apt-mark", "unhold"]);
                 cmd.extend(present);
-                cmds.run(&cmd, SHORT_COMMAND_TIMEOUT, "unhold the packages by hand")
+                cmds.run_pm(&cmd, SHORT_COMMAND_TIMEOUT, "unhold the packages by hand")
                     .await?;
             }
         }
@@ -548,7 +548,7 @@ pub(super) async fn revert<R: CommandRunner>(
                 PackageManager::Dnf => argv(&["dnf", "remove", "-y"]),
             };
             cmd.extend(present);
-            cmds.run(
+            cmds.run_pm(
                 &cmd,
                 PACKAGE_COMMAND_TIMEOUT,
                 "remove the packages by hand, then run uninstall again",

@@ -170,7 +170,7 @@ pub async fn uninstall(
     }
     if apt_update_at_end
         && let Err(e) = cmds
-            .run(
+            .run_pm(
                 &argv(&["apt-get", "update", "-q"]),
                 PACKAGE_COMMAND_TIMEOUT,
                 "",
