@@ -133,6 +133,9 @@ pub mod reasons {
     /// ByoHost: a mount below a directory the clean-up removes could not be unmounted
     /// (message: mount point and errno); nothing behind it was deleted, the host is not offered.
     pub const UNMOUNT_FAILED: &str = "UnmountFailed";
+    /// ByoHost (`CleanupSucceeded=True`): the clean-up finished but kept packages the install
+    /// had added, because another party holds or needs them (message: each package and why).
+    pub const PACKAGES_KEPT: &str = "PackagesKept";
     /// ByoHost: a systemd unit is not active.
     pub const UNIT_INACTIVE: &str = "UnitInactive";
     /// ByoHost: a preflight check fails (the message names each check and its fix); the host
@@ -164,6 +167,7 @@ pub mod reasons {
         CLEANUP_FAILED,
         KUBEADM_RESET_FAILED,
         UNMOUNT_FAILED,
+        PACKAGES_KEPT,
         UNIT_INACTIVE,
         PREFLIGHT_CHECKS_FAILED,
     ];

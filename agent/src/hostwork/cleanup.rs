@@ -36,6 +36,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             state.cleanup = Some(CleanupWork {
                 machine_uid: machine_uid.into(),
                 steps: Vec::new(),
+                kept: Vec::new(),
             });
             self.save(state)?;
             tracing::info!(
@@ -92,6 +93,24 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
         }
 
+        let kept = state
+            .cleanup
+            .as_ref()
+            .map(|c| c.kept.join(", "))
+            .unwrap_or_default();
+        let (cleanup_reason, cleanup_message) = if kept.is_empty() {
+            (
+                reasons::AS_EXPECTED,
+                "the host was reset and returned to the pool".to_string(),
+            )
+        } else {
+            (
+                reasons::PACKAGES_KEPT,
+                format!(
+                    "the host was reset and returned to the pool; kept packages the install had added, because another party holds or needs them: {kept}"
+                ),
+            )
+        };
         state.cleaned_machine_uid = Some(machine_uid.into());
         state.claim = None;
         state.cleanup = None;
@@ -116,8 +135,8 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 (
                     types::CLEANUP_SUCCEEDED,
                     true,
-                    reasons::AS_EXPECTED,
-                    "the host was reset and returned to the pool",
+                    cleanup_reason,
+                    &cleanup_message,
                 ),
                 (
                     types::READY,
@@ -239,17 +258,31 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 .await
             }
             CleanupStep::Uninstall => {
+                let kept = std::sync::Mutex::new(Vec::new());
+                let kept_ref = &kept;
                 self.cleanup_step(state, next, |me| async move {
                     let manifest = me.settings.state_dir.join(crate::installer::MANIFEST_FILE);
-                    Ok(crate::installer::uninstall(
+                    let k = crate::installer::uninstall_keeping(
                         &manifest,
                         &me.settings.root,
                         &me.units,
                         &me.runner,
                     )
-                    .await?)
+                    .await?;
+                    if let Ok(mut v) = kept_ref.lock() {
+                        *v = k.iter().map(ToString::to_string).collect();
+                    }
+                    Ok(())
                 })
-                .await
+                .await?;
+                let kept = kept.into_inner().unwrap_or_default();
+                if let Some(c) = state.cleanup.as_mut()
+                    && !kept.is_empty()
+                {
+                    c.kept = kept;
+                    self.save(state)?;
+                }
+                Ok(())
             }
         }
     }

@@ -61,6 +61,7 @@ fn decide_table() {
         cleanup: cleanup.map(|u| CleanupWork {
             machine_uid: u.into(),
             steps: vec![],
+            kept: Vec::new(),
         }),
         cleaned_machine_uid: cleaned.map(Into::into),
     };

@@ -506,11 +506,15 @@ async fn snapshot<R: CommandRunner>(
 }
 
 /// Reverts a package change: unhold, or purge/remove the packages added that are still there.
+///
+/// apt: packages held by another party or needed by packages outside the set are kept, not
+/// purged ([`super::keep`]); they are returned.
 pub(super) async fn revert<R: CommandRunner>(
     change: &Change,
     root: &Path,
     cmds: &Commands<'_, R>,
-) -> Result<(), InstallError> {
+) -> Result<Vec<super::keep::KeptPackage>, InstallError> {
+    let mut kept = Vec::new();
     match change {
         Change::PackagesHeld { packages } => {
             let present = present(cmds, PackageManager::Apt, packages).await?;
@@ -532,9 +536,18 @@ pub(super) async fn revert<R: CommandRunner>(
                 Some(a) => a.clone(),
                 None => requested.iter().map(|r| name_of(r, *manager)).collect(),
             };
-            let present = present(cmds, *manager, &wanted).await?;
+            let mut present = present(cmds, *manager, &wanted).await?;
+            if *manager == PackageManager::Apt && !present.is_empty() {
+                let (purge, keep) = super::keep::purgeable(cmds, &present).await?;
+                for k in &keep {
+                    tracing::warn!(package = %k.package, reason = %k.reason, "kept a package the install added: another party holds or needs it");
+                }
+                kept = keep;
+                present = purge;
+            }
             if present.is_empty() {
-                return put_back(root, kept_dirs);
+                put_back(root, kept_dirs)?;
+                return Ok(kept);
             }
             let mut cmd = match manager {
                 PackageManager::Apt => argv(&[
@@ -558,7 +571,7 @@ pub(super) async fn revert<R: CommandRunner>(
         }
         _ => {}
     }
-    Ok(())
+    Ok(kept)
 }
 
 /// Creates again those of `dirs` (sorted, parents first) that are gone, with their mode and

@@ -178,6 +178,9 @@ async fn apt_packages_command_sequence_and_revert() {
         cmds,
         [
             "apt-mark unhold kubeadm kubelet kubectl",
+            // Nothing held, the simulated purge removes only the set: all of it goes.
+            "apt-mark showhold",
+            "apt-get -s -q purge conntrack cri-tools kubeadm kubectl kubelet kubernetes-cni",
             "env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 purge -y -q conntrack cri-tools kubeadm kubectl kubelet kubernetes-cni",
             "apt-get -o DPkg::Lock::Timeout=300 update -q",
         ]
