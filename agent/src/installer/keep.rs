@@ -149,7 +149,48 @@ pub(super) async fn purgeable<R: CommandRunner>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::FakeRunner;
     use super::*;
+
+    /// apt's view: cri-tools held by someone; site-tools (installed, not ours) needs kubectl.
+    fn apt() -> FakeRunner {
+        FakeRunner::new(|argv| {
+            let a: Vec<&str> = argv.iter().map(String::as_str).collect();
+            match a.as_slice() {
+                ["apt-mark", "showhold"] => (0, "cri-tools\n".into()),
+                ["apt-get", "-s", "-q", "purge", names @ ..] => {
+                    let mut out: String = names.iter().map(|n| format!("Purg {n} [1]\n")).collect();
+                    if names.contains(&"kubectl") {
+                        out.push_str("Purg site-tools [1.0]\n");
+                    }
+                    (0, out)
+                }
+                _ => (0, String::new()),
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn keeps_what_another_party_holds_or_needs_and_purges_the_rest() {
+        let runner = apt();
+        let dir = tempfile::tempdir().unwrap();
+        let cmds = Commands {
+            runner: &runner,
+            scratch: dir.path(),
+        };
+        let present: Vec<String> = ["cri-tools", "kubeadm", "kubectl", "kubelet"]
+            .map(String::from)
+            .to_vec();
+        let (purge, kept) = purgeable(&cmds, &present).await.unwrap();
+        assert_eq!(purge, ["kubeadm", "kubelet"]);
+        assert_eq!(
+            kept.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "cri-tools (held (apt-mark showhold))",
+                "kubectl (needed by site-tools)"
+            ]
+        );
+    }
 
     #[test]
     fn simulated_removals_are_read_from_apt_get_s() {
