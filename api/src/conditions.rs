@@ -136,6 +136,10 @@ pub mod reasons {
     /// ByoHost (`CleanupSucceeded=True`): the clean-up finished but kept packages the install
     /// had added, because another party holds or needs them (message: each package and why).
     pub const PACKAGES_KEPT: &str = "PackagesKept";
+    /// ByoHost (`CleanupSucceeded=False`, `Ready=False`, phase `CleaningUp`): the host is not
+    /// clean after the clean-up (message: what is left and how to fix it); not offered until a
+    /// re-check passes.
+    pub const QUARANTINED: &str = "Quarantined";
     /// ByoHost: a systemd unit is not active.
     pub const UNIT_INACTIVE: &str = "UnitInactive";
     /// ByoHost: a preflight check fails (the message names each check and its fix); the host
@@ -168,6 +172,7 @@ pub mod reasons {
         KUBEADM_RESET_FAILED,
         UNMOUNT_FAILED,
         PACKAGES_KEPT,
+        QUARANTINED,
         UNIT_INACTIVE,
         PREFLIGHT_CHECKS_FAILED,
     ];

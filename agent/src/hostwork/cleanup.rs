@@ -18,6 +18,7 @@ use std::path::Path;
 pub fn failure_reason(e: &WorkError) -> &'static str {
     match e {
         WorkError::Reset(_) => reasons::KUBEADM_RESET_FAILED,
+        WorkError::NotClean { .. } => reasons::QUARANTINED,
         WorkError::Mount(crate::mounts::MountError::Unmount { .. })
         | WorkError::Mount(crate::mounts::MountError::StillMounted { .. })
         | WorkError::Mount(crate::mounts::MountError::Boundary { .. }) => reasons::UNMOUNT_FAILED,
@@ -283,6 +284,24 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     self.save(state)?;
                 }
                 Ok(())
+            }
+            CleanupStep::Verify => {
+                let preexisting = state
+                    .claim
+                    .as_ref()
+                    .map(|w| w.preexisting_dirs.clone())
+                    .unwrap_or_default();
+                self.cleanup_step(state, next, |me| async move {
+                    let leftovers =
+                        super::verify::leftovers(&me.settings.root, &me.units, &preexisting)
+                            .await?;
+                    if leftovers.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(WorkError::NotClean { leftovers })
+                    }
+                })
+                .await
             }
         }
     }

@@ -117,6 +117,8 @@ pub enum CleanupStep {
     RemoveFiles,
     /// Revert the install manifest.
     Uninstall,
+    /// Prove the host clean ([`verify`]); a host that is not stays out of the pool.
+    Verify,
 }
 
 impl std::fmt::Display for CleanupStep {
@@ -126,16 +128,18 @@ impl std::fmt::Display for CleanupStep {
             CleanupStep::StopKubelet => "stop-kubelet",
             CleanupStep::RemoveFiles => "remove-files",
             CleanupStep::Uninstall => "uninstall",
+            CleanupStep::Verify => "verify",
         })
     }
 }
 
 /// Every step of a clean-up, in the order [`HostWorker`] runs them (it runs exactly this list).
-pub const CLEANUP_STEPS: [CleanupStep; 4] = [
+pub const CLEANUP_STEPS: [CleanupStep; 5] = [
     CleanupStep::KubeadmReset,
     CleanupStep::StopKubelet,
     CleanupStep::RemoveFiles,
     CleanupStep::Uninstall,
+    CleanupStep::Verify,
 ];
 
 /// What to do next.
@@ -242,6 +246,15 @@ pub enum WorkError {
     /// Removing a directory met a mount that could not be unmounted (or a filesystem error).
     #[error(transparent)]
     Mount(#[from] crate::mounts::MountError),
+    /// The host is not clean after the clean-up (each line names what is left and its fix).
+    #[error(
+        "the host is not clean after the clean-up: {}; fix it and the agent checks again (at most every 30 s)",
+        leftovers.join("; ")
+    )]
+    NotClean {
+        /// What is left.
+        leftovers: Vec<String>,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkError + '_ {
@@ -295,6 +308,7 @@ use crate::fsutil::under;
 
 mod cleanup;
 pub mod reset;
+pub mod verify;
 pub use cleanup::failure_reason;
 
 fn failpoint(step: &str) -> impl std::future::Future<Output = ()> {

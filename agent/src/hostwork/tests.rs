@@ -224,6 +224,12 @@ fn bootstrap_steps_name_every_step_in_order() {
     assert_eq!(names(false)[0], "provider-id");
     assert_eq!(
         CLEANUP_STEPS.map(|s| s.to_string()),
-        ["kubeadm-reset", "stop-kubelet", "remove-files", "uninstall"]
+        [
+            "kubeadm-reset",
+            "stop-kubelet",
+            "remove-files",
+            "uninstall",
+            "verify"
+        ]
     );
 }
