@@ -1,4 +1,5 @@
 use super::*;
+use crate::cloudinit::{InstanceData, ValidateOptions};
 use crate::state::{ClaimWork, CleanupWork};
 use byoh_api::byohost::{MachineReference, NeedsCleanup};
 use byoh_api::common::LocalObjectReference;
