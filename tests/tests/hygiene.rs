@@ -386,6 +386,13 @@ async fn a_host_left_unclean_after_the_clean_up_is_quarantined_until_it_is_clean
         Some("uid-verify-0001")
     );
 
+    // `byoh-agent status` on the host says the same.
+    let local = host.run(&["byoh-agent", "status"]).await.unwrap();
+    assert!(
+        local.contains("verify") && local.contains("port 2380 is held by python3"),
+        "{local}"
+    );
+
     // Fixed by hand: the agent checks again and offers the host.
     host.run(&["systemctl", "stop", "byoh-test-etcd-peer"])
         .await
