@@ -44,8 +44,8 @@ pub enum MountError {
     },
     /// A mount below the directory could not be unmounted; nothing was deleted.
     #[error(
-        "cannot unmount {} ({fs_type}) below {}: {errno} ({}); nothing under {} was deleted, so the data behind the mount is intact; unmount it by hand (umount {}) and the agent retries",
-        mount_point.display(), dir.display(), errno.desc(), dir.display(), mount_point.display()
+        "cannot unmount {} ({fs_type}) below {}: {errno}; nothing under {} was deleted, so the data behind the mount is intact; unmount it by hand (umount {}) and the agent retries",
+        mount_point.display(), dir.display(), dir.display(), mount_point.display()
     )]
     Unmount {
         /// The mount point.
@@ -78,7 +78,7 @@ pub enum MountError {
         root: PathBuf,
     },
     /// A filesystem call of the delete failed.
-    #[error("{what} {}: {errno} ({})", path.display(), errno.desc())]
+    #[error("{what} {}: {errno}", path.display())]
     Io {
         /// What was being done (`opening`, `removing`, ...).
         what: &'static str,

@@ -203,6 +203,77 @@ async fn release_unmounts_volumes_below_the_kubelet_dir_and_never_deletes_the_da
         diff.join("\n")
     );
 
+    // A mount the agent cannot unmount (its unit without CAP_SYS_ADMIN: umount2 gives EPERM):
+    // the clean-up stops with UnmountFailed naming the mount point and errno, deletes nothing
+    // behind it, and keeps the host out of the pool until it can.
+    let dropin = "/etc/systemd/system/byoh-agent.service.d/no-sys-admin.conf";
+    host.run(&["mkdir", "-p", "/etc/systemd/system/byoh-agent.service.d"])
+        .await
+        .unwrap();
+    host.write_file(
+        dropin,
+        b"[Service]\nCapabilityBoundingSet=~CAP_SYS_ADMIN\n",
+        0o644,
+    )
+    .await
+    .unwrap();
+    host.run(&["systemctl", "daemon-reload"]).await.unwrap();
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    claim(&client, ns.name(), &hosts, &name, "uid-mnt-0002").await;
+    let csi = format!("{vols}/kubernetes.io~csi/pv-data/mount");
+    host.run(&[
+        "sh",
+        "-c",
+        &format!("mkdir -p '{csi}' && mount --bind /srv/data '{csi}'"),
+    ])
+    .await
+    .unwrap();
+    agent::request_release(&client, ns.name(), &name)
+        .await
+        .unwrap();
+    let cond = wait_for(
+        "CleanupSucceeded=False UnmountFailed",
+        Duration::from_secs(60),
+        || async {
+            Ok(condition(&hosts, &name, "CleanupSucceeded")
+                .await
+                .filter(|c| c.reason == "UnmountFailed"))
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("UnmountFailed: {}", cond.message);
+    assert!(
+        cond.message.contains(&csi) && cond.message.contains("EPERM"),
+        "{}",
+        cond.message
+    );
+    assert_eq!(
+        status_of(&hosts, &name).await.phase.as_deref(),
+        Some("CleaningUp")
+    );
+    assert_eq!(
+        host.read_to_string(&format!("{csi}/file")).await.unwrap(),
+        "precious\n",
+        "nothing behind the mount was deleted"
+    );
+    // The agent may unmount again: the clean-up finishes.
+    host.run(&["rm", "-f", dropin]).await.unwrap();
+    host.run(&["systemctl", "daemon-reload"]).await.unwrap();
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    wait_cleaned(&hosts, &name, "uid-mnt-0002", 90).await;
+    agent::drop_claim(&client, ns.name(), &name).await.unwrap();
+    wait_phase(&hosts, &name, "Available", 60).await;
+    assert_eq!(
+        host.read_to_string("/srv/data/file").await.unwrap(),
+        "precious\n"
+    );
+    assert!(mounts_below(&host, "/var/lib/kubelet").await.is_empty());
+
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
 }
