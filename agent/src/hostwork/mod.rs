@@ -13,12 +13,14 @@
 //! `/run/cluster-api/bootstrap-success.complete`. It runs at most once per (ByoMachine UID,
 //! bootstrap Secret resourceVersion).
 //!
-//! Clean-up (release requested, a `needsCleanup` mark, or leftovers of a claim that is gone):
-//! `kubeadm reset --force` if kubeadm exists → stop and disable kubelet → remove what bootstrap
-//! created (restoring backed-up files) and the Kubernetes runtime directories that did not
-//! exist before the claim → daemon-reload → uninstall exactly what the installer recorded →
-//! report `cleanedMachineUID`. Every step is
-//! idempotent; missing tools, units and files are skipped.
+//! Clean-up (release requested, a `needsCleanup` mark, or leftovers of a claim that is gone;
+//! `hostwork/cleanup.rs`): `kubeadm reset --force --cri-socket <the kubelet's endpoint>` if
+//! kubeadm exists ([`reset`]) → stop and disable kubelet → remove what bootstrap created
+//! (restoring backed-up files) and the Kubernetes runtime directories that did not exist before
+//! the claim, never deleting behind a mount ([`crate::mounts`]) → daemon-reload → uninstall
+//! exactly what the installer recorded → prove the host clean ([`verify`]) → report
+//! `cleanedMachineUID`. Every step is idempotent; missing tools, units and files are skipped; a
+//! failed step is reported (`CleanupSucceeded=False`, phase `CleaningUp`) and retried.
 
 use crate::cloudinit::{self, CommandRunner};
 use crate::state::{HostState, Outcome, StateError, StateFile};
