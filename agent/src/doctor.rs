@@ -737,13 +737,18 @@ pub fn is_cgroup2(path: &Path) -> bool {
 /// IPv6, from `/proc/net/tcp` and `/proc/net/tcp6`), each with the process holding the socket
 /// (matched by socket inode through `/proc/<pid>/fd`; needs root for other users' processes).
 pub fn busy_ports() -> Vec<PortUse> {
+    busy_ports_of(&[KUBELET_PORT, API_SERVER_PORT])
+}
+
+/// [`busy_ports`] for the TCP ports `ports`.
+pub fn busy_ports_of(ports: &[u16]) -> Vec<PortUse> {
     let mut listening: Vec<(u16, u64)> = procfs::net::tcp()
         .into_iter()
         .chain(procfs::net::tcp6())
         .flatten()
         .filter(|e| e.state == procfs::net::TcpState::Listen)
         .map(|e| (e.local_address.port(), e.inode))
-        .filter(|(p, _)| *p == KUBELET_PORT || *p == API_SERVER_PORT)
+        .filter(|(p, _)| ports.contains(p))
         .collect();
     if listening.is_empty() {
         return Vec::new();

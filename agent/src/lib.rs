@@ -17,6 +17,7 @@ pub mod identity;
 pub mod installer;
 pub mod logging;
 pub mod metrics;
+pub mod mounts;
 pub mod reconcile;
 pub mod registration;
 pub mod state;

@@ -135,6 +135,10 @@ pub struct CleanupWork {
     pub machine_uid: String,
     /// Steps in order.
     pub steps: Vec<StepRecord>,
+    /// Packages the uninstall kept and why (`name (reason)`): another party holds or needs
+    /// them. Reported in `CleanupSucceeded` when the clean-up ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
 }
 
 /// Everything in `state.json`.

@@ -641,6 +641,7 @@ mod tests {
             cleanup: Some(crate::state::CleanupWork {
                 machine_uid: "u".into(),
                 steps: vec![],
+                kept: Vec::new(),
             }),
             ..Default::default()
         };

@@ -127,6 +127,19 @@ pub mod reasons {
     pub const INSTALLATION_FAILED: &str = "InstallationFailed";
     /// ByoHost: clean-up failed.
     pub const CLEANUP_FAILED: &str = "CleanupFailed";
+    /// ByoHost: `kubeadm reset` exited non-zero during clean-up (message: command, exit
+    /// status, stderr tail); retried with backoff, the host is not offered.
+    pub const KUBEADM_RESET_FAILED: &str = "KubeadmResetFailed";
+    /// ByoHost: a mount below a directory the clean-up removes could not be unmounted
+    /// (message: mount point and errno); nothing behind it was deleted, the host is not offered.
+    pub const UNMOUNT_FAILED: &str = "UnmountFailed";
+    /// ByoHost (`CleanupSucceeded=True`): the clean-up finished but kept packages the install
+    /// had added, because another party holds or needs them (message: each package and why).
+    pub const PACKAGES_KEPT: &str = "PackagesKept";
+    /// ByoHost (`CleanupSucceeded=False`, `Ready=False`, phase `CleaningUp`): the host is not
+    /// clean after the clean-up (message: what is left and how to fix it); not offered until a
+    /// re-check passes.
+    pub const QUARANTINED: &str = "Quarantined";
     /// ByoHost: a systemd unit is not active.
     pub const UNIT_INACTIVE: &str = "UnitInactive";
     /// ByoHost: a preflight check fails (the message names each check and its fix); the host
@@ -156,6 +169,10 @@ pub mod reasons {
         BOOTSTRAP_FAILED,
         INSTALLATION_FAILED,
         CLEANUP_FAILED,
+        KUBEADM_RESET_FAILED,
+        UNMOUNT_FAILED,
+        PACKAGES_KEPT,
+        QUARANTINED,
         UNIT_INACTIVE,
         PREFLIGHT_CHECKS_FAILED,
     ];

@@ -8,7 +8,7 @@
 //! that a `K8sInstallerConfig` `packages` source installs a working Kubernetes node.
 
 use anyhow::{Context as _, ensure};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// One file of a package: absolute path on the installed system, content, mode.
@@ -78,8 +78,9 @@ fn run(cmd: &mut Command) -> anyhow::Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// Builds `NAME_VERSION_ARCH.deb` of `package` in `dir` with `dpkg-deb` (root-owned files).
-fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<()> {
+/// Builds `NAME_VERSION_ARCH.deb` of `package` in `dir` with `dpkg-deb` (root-owned files) and
+/// returns its path. Errors when `dpkg-deb` fails.
+pub fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<PathBuf> {
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().join("pkg");
     std::fs::create_dir_all(root.join("DEBIAN"))?;
@@ -106,14 +107,15 @@ fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<()> {
             <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(f.mode),
         )?;
     }
+    let deb = dir.join(format!(
+        "{}_{}_{}.deb",
+        package.name, package.version, package.arch
+    ));
     run(Command::new("dpkg-deb")
         .args(["--build", "--root-owner-group", "-Zgzip"])
         .arg(&root)
-        .arg(dir.join(format!(
-            "{}_{}_{}.deb",
-            package.name, package.version, package.arch
-        ))))?;
-    Ok(())
+        .arg(&deb))?;
+    Ok(deb)
 }
 
 /// The files of a flat repository holding `packages` (URL path under the repository → body):

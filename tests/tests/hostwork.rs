@@ -182,7 +182,7 @@ async fn claim_bootstraps_cabpk_data_and_release_restores_the_host() {
         host.read_to_string("/run/byoh-test-kubeadm.log")
             .await
             .unwrap(),
-        "join --config /run/kubeadm/kubeadm-join-config.yaml\nreset --force\n"
+        "join --config /run/kubeadm/kubeadm-join-config.yaml\nreset --force --cri-socket unix:///run/containerd/containerd.sock\n"
     );
     agent::drop_claim(&client, ns.name(), &name).await.unwrap();
     let free = wait_phase(&hosts, &name, "Available", 60).await;
@@ -563,7 +563,7 @@ async fn kill_cycle(
     assert_restarted_by_systemd(host).await;
     assert_eq!(
         kubeadm_steps(host).await,
-        "join --config /etc/byoh-test/kill/a.conf\nreset --force\n",
+        "join --config /etc/byoh-test/kill/a.conf\nreset --force --cri-socket unix:///run/containerd/containerd.sock\n",
         "{what}"
     );
     agent::drop_claim(client, ns, &name).await.unwrap();
@@ -982,7 +982,7 @@ async fn tarball_install_through_a_claim_bootstraps_and_the_release_reverts_ever
     release(&client, ns.name(), &hosts, &name, "uid-tarok-01").await;
     assert_eq!(
         kubeadm_steps(&host).await,
-        "join --config /etc/byoh-test/kill/a.conf\nreset --force\n"
+        "join --config /etc/byoh-test/kill/a.conf\nreset --force --cri-socket unix:///run/containerd/containerd.sock\n"
     );
     assert_ne!(
         host.exec(&["systemctl", "is-active", "kubelet.service"])

@@ -14,13 +14,16 @@
 //! runs; the release purges the packages (dependencies included), removes the source file and
 //! the keyring, and leaves the host's file tree and unit files as before the claim. A key that
 //! is not the repository's, or a repository without a signature, fails the claim with a
-//! condition naming the apt error, and nothing is left behind.
+//! condition naming the apt error, and nothing is left behind. Issue 16: a claim while the dpkg
+//! lock is held installs once the lock is let go (A.6), and a release where another party holds
+//! one added package and needs another keeps those two, purges the rest and finishes with
+//! `PackagesKept` (A.5). The repository builder is `byoh_tests::apt_repo`.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_api::{ByoHost, K8sInstallerConfig};
 use byoh_tests::agent::{self, wait_for};
-use byoh_tests::apt_repo::{self, GpgKey, Package};
+use byoh_tests::apt_repo::{self, GpgKey, KUBEADM_DROPIN, KUBELET_UNIT, Package};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::http::{FileServer, TestCa};
@@ -39,7 +42,6 @@ const KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log\nexi
 const KUBELET: &str =
     "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubelet.starts\nexec sleep infinity\n";
 const KUBECTL: &str = "#!/bin/sh\necho 'Client Version: v1.36.3'\n";
-use byoh_tests::apt_repo::{KUBEADM_DROPIN, KUBELET_UNIT};
 /// Every package of the repository.
 const ALL_PACKAGES: [&str; 5] = [
     "kubeadm",
@@ -361,7 +363,12 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         "uid-wrongkey-1",
     )
     .await;
-    for want in ["apt-get update", "NO_PUBKEY", "packages.keyURL", "reverted"] {
+    for want in [
+        "apt-get -o DPkg::Lock::Timeout=300 update",
+        "NO_PUBKEY",
+        "packages.keyURL",
+        "reverted",
+    ] {
         assert!(cond.message.contains(want), "{want}: {}", cond.message);
     }
     eprintln!(
@@ -381,7 +388,11 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         "uid-unsigned-1",
     )
     .await;
-    for want in ["apt-get update", "is not signed", "reverted"] {
+    for want in [
+        "apt-get -o DPkg::Lock::Timeout=300 update",
+        "is not signed",
+        "reverted",
+    ] {
         assert!(cond.message.contains(want), "{want}: {}", cond.message);
     }
     eprintln!(
@@ -476,7 +487,7 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         host.read_to_string("/run/byoh-test-kubeadm.log")
             .await
             .unwrap(),
-        "join --config /dev/null\nreset --force\n"
+        "join --config /dev/null\nreset --force --cri-socket unix:///run/containerd/containerd.sock\n"
     );
     assert!(installed(&host).await.is_empty());
     assert!(!exists(&host, "/etc/apt/sources.list.d/byoh-kubernetes.sources").await);
@@ -487,7 +498,124 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         "the release must return the host to its pre-claim state:\n{}",
         diff.join("\n")
     );
+    busy_lock_then_kept_packages(&client, ns.name(), &host, &hosts).await;
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Holds the dpkg locks (fcntl, as apt and dpkg take them) for 20 s, then writes the time it
+/// let go to /run/byoh-test-unlocked (`%Y-%m-%d %H:%M:%S`, as /var/log/dpkg.log).
+const LOCK_HOLDER: &str = "import fcntl,time\nfs=[open(p,'a') for p in ('/var/lib/dpkg/lock-frontend','/var/lib/dpkg/lock')]\nfor f in fs: fcntl.lockf(f, fcntl.LOCK_EX)\nopen('/run/byoh-test-locked','w').close()\ntime.sleep(20)\nt=time.strftime('%Y-%m-%d %H:%M:%S')\nfor f in fs: f.close()\nopen('/run/byoh-test-unlocked','w').write(t)\n";
+
+/// Issue 16 A.6 and A.5 on the same host, after the first release: a claim while the dpkg lock
+/// is held installs once it is let go; a release where another party holds one package and
+/// needs another keeps those two, purges the rest and finishes with `PackagesKept`.
+async fn busy_lock_then_kept_packages(
+    client: &kube::Client,
+    ns: &str,
+    host: &Host,
+    hosts: &Api<ByoHost>,
+) {
+    let name = host.name().to_string();
+    host.run(&[
+        "systemd-run",
+        "--unit=byoh-test-dpkg-lock",
+        "python3",
+        "-c",
+        LOCK_HOLDER,
+    ])
+    .await
+    .unwrap();
+    wait_for("the dpkg lock held", Duration::from_secs(20), || async {
+        Ok(exists(host, "/run/byoh-test-locked").await.then_some(()))
+    })
+    .await
+    .unwrap();
+    let t = std::time::Instant::now();
+    agent::claim_host_installing(
+        client,
+        ns,
+        &name,
+        "m-busy",
+        "uid-busy-1",
+        "data",
+        Some(("good", "v1.36.3")),
+    )
+    .await
+    .unwrap();
+    wait_phase(hosts, &name, "Provisioned", 420).await;
+    let unlocked = host
+        .read_to_string("/run/byoh-test-unlocked")
+        .await
+        .unwrap();
+    let dpkg_log = host.read_to_string("/var/log/dpkg.log").await.unwrap();
+    let installed_at = dpkg_log
+        .lines()
+        .rev()
+        .find(|l| l.contains(" status installed kubeadm"))
+        .unwrap_or_default()
+        .get(..19)
+        .unwrap_or_default()
+        .to_string();
+    eprintln!(
+        "installed after the dpkg lock was let go: unlocked {unlocked}, kubeadm installed {installed_at}, claim to Provisioned {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(
+        installed_at.as_str() >= unlocked.as_str(),
+        "{installed_at} < {unlocked}"
+    );
+    assert_eq!(installed(host).await.len(), 5);
+
+    // Another party: a package that needs kubectl, and a hold on cri-tools.
+    let dir = tempfile::tempdir().unwrap();
+    let site_tools = apt_repo::build_deb(
+        dir.path(),
+        &Package::new("byoh-test-site-tools", "1.0").depends("kubectl"),
+    )
+    .unwrap();
+    host.copy_in(&site_tools, "/tmp/site-tools.deb", 0o644)
+        .await
+        .unwrap();
+    host.run(&["dpkg", "-i", "/tmp/site-tools.deb"])
+        .await
+        .unwrap();
+    host.run(&["apt-mark", "hold", "cri-tools"]).await.unwrap();
+
+    release(client, ns, hosts, &name, "uid-busy-1").await;
+    let cond = condition(hosts, &name, "CleanupSucceeded").await.unwrap();
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_str()),
+        ("True", "PackagesKept"),
+        "{cond:?}"
+    );
+    assert!(
+        cond.message
+            .contains("kubectl (needed by byoh-test-site-tools)")
+            && cond
+                .message
+                .contains("cri-tools (held (apt-mark showhold))"),
+        "{}",
+        cond.message
+    );
+    assert_eq!(
+        installed(host).await,
+        [
+            "cri-tools 1.36.0-1.1".to_string(),
+            format!("kubectl {PINNED}")
+        ]
+    );
+    let site = host
+        .exec(&[
+            "dpkg-query",
+            "-W",
+            "-f",
+            "${db:Status-Abbrev}",
+            "byoh-test-site-tools",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(site.stdout.trim(), "ii", "the other party's package stays");
+    assert!(!exists(host, "/etc/apt/sources.list.d/byoh-kubernetes.sources").await);
 }

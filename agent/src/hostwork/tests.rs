@@ -1,4 +1,5 @@
 use super::*;
+use crate::cloudinit::{InstanceData, ValidateOptions};
 use crate::state::{ClaimWork, CleanupWork};
 use byoh_api::byohost::{MachineReference, NeedsCleanup};
 use byoh_api::common::LocalObjectReference;
@@ -61,6 +62,7 @@ fn decide_table() {
         cleanup: cleanup.map(|u| CleanupWork {
             machine_uid: u.into(),
             steps: vec![],
+            kept: Vec::new(),
         }),
         cleaned_machine_uid: cleaned.map(Into::into),
     };
@@ -223,6 +225,12 @@ fn bootstrap_steps_name_every_step_in_order() {
     assert_eq!(names(false)[0], "provider-id");
     assert_eq!(
         CLEANUP_STEPS.map(|s| s.to_string()),
-        ["kubeadm-reset", "stop-kubelet", "remove-files", "uninstall"]
+        [
+            "kubeadm-reset",
+            "stop-kubelet",
+            "remove-files",
+            "uninstall",
+            "verify"
+        ]
     );
 }

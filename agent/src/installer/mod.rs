@@ -18,6 +18,7 @@
 mod apply;
 #[cfg(test)]
 mod bundle_tests;
+pub mod busy;
 mod checks;
 pub mod cli;
 pub mod download;
@@ -26,6 +27,7 @@ mod files;
 mod install;
 #[cfg(test)]
 mod install_tests;
+mod keep;
 pub mod manifest;
 mod packages;
 #[cfg(test)]
@@ -42,12 +44,13 @@ mod uninstall;
 
 pub use error::InstallError;
 pub use install::{backup_dir, install};
+pub use keep::KeptPackage;
 pub use manifest::{Change, Entry, InstallManifest, KeptDir, MANIFEST_FILE, PackageManager};
 pub use plan::{plan_install, plan_uninstall};
 pub use probe::under;
 pub use source::package_manager;
 pub use steps::{cri_for_kubelet, kubeadm_dropin, kubelet_unit};
-pub use uninstall::uninstall;
+pub use uninstall::{uninstall, uninstall_keeping};
 
 // For the files of this module (packages, checks, apply) that reach these through `super::`.
 use apply::{Commands, Ctx, Lookup, Put, argv};

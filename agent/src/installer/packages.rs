@@ -125,7 +125,7 @@ impl PackageSteps {
                 };
                 if let Some(i) = idx {
                     ctx.commands()
-                        .run(
+                        .run_pm(
                             &argv(&["apt-get", "update", "-q"]),
                             PACKAGE_COMMAND_TIMEOUT,
                             "check the repository URL (packages.aptRepository), that packages.keyURL is the key the repository is signed with, and this host's network",
@@ -147,7 +147,7 @@ impl PackageSteps {
                 let mut cmd = argv(&["apt-mark", "hold"]);
                 cmd.extend(installed);
                 ctx.commands()
-                    .run(&cmd, SHORT_COMMAND_TIMEOUT, "hold the packages by hand")
+                    .run_pm(&cmd, SHORT_COMMAND_TIMEOUT, "hold the packages by hand")
                     .await?;
                 ctx.done(idx)
             }
@@ -289,7 +289,7 @@ impl PackageSteps {
         };
         cmd.extend(requested.iter().cloned());
         ctx.commands()
-            .run(
+            .run_pm(
                 &cmd,
                 PACKAGE_COMMAND_TIMEOUT,
                 "check that the repository has these versions (packages.versionPin)",
@@ -364,7 +364,7 @@ impl PackageSteps {
         cmd.push(format!("Dir::Cache::archives={}", archives.display()));
         cmd.extend(requested.iter().cloned());
         ctx.commands()
-            .run(
+            .run_pm(
                 &cmd,
                 PACKAGE_COMMAND_TIMEOUT,
                 "check that the repository has these versions (packages.versionPin)",
@@ -506,18 +506,22 @@ async fn snapshot<R: CommandRunner>(
 }
 
 /// Reverts a package change: unhold, or purge/remove the packages added that are still there.
+///
+/// apt: packages held by another party or needed by packages outside the set are kept, not
+/// purged ([`super::keep`]); they are returned.
 pub(super) async fn revert<R: CommandRunner>(
     change: &Change,
     root: &Path,
     cmds: &Commands<'_, R>,
-) -> Result<(), InstallError> {
+) -> Result<Vec<super::keep::KeptPackage>, InstallError> {
+    let mut kept = Vec::new();
     match change {
         Change::PackagesHeld { packages } => {
             let present = present(cmds, PackageManager::Apt, packages).await?;
             if !present.is_empty() {
                 let mut cmd = argv(&["apt-mark", "unhold"]);
                 cmd.extend(present);
-                cmds.run(&cmd, SHORT_COMMAND_TIMEOUT, "unhold the packages by hand")
+                cmds.run_pm(&cmd, SHORT_COMMAND_TIMEOUT, "unhold the packages by hand")
                     .await?;
             }
         }
@@ -532,9 +536,18 @@ pub(super) async fn revert<R: CommandRunner>(
                 Some(a) => a.clone(),
                 None => requested.iter().map(|r| name_of(r, *manager)).collect(),
             };
-            let present = present(cmds, *manager, &wanted).await?;
+            let mut present = present(cmds, *manager, &wanted).await?;
+            if *manager == PackageManager::Apt && !present.is_empty() {
+                let (purge, keep) = super::keep::purgeable(cmds, &present).await?;
+                for k in &keep {
+                    tracing::warn!(package = %k.package, reason = %k.reason, "kept a package the install added: another party holds or needs it");
+                }
+                kept = keep;
+                present = purge;
+            }
             if present.is_empty() {
-                return put_back(root, kept_dirs);
+                put_back(root, kept_dirs)?;
+                return Ok(kept);
             }
             let mut cmd = match manager {
                 PackageManager::Apt => argv(&[
@@ -548,7 +561,7 @@ pub(super) async fn revert<R: CommandRunner>(
                 PackageManager::Dnf => argv(&["dnf", "remove", "-y"]),
             };
             cmd.extend(present);
-            cmds.run(
+            cmds.run_pm(
                 &cmd,
                 PACKAGE_COMMAND_TIMEOUT,
                 "remove the packages by hand, then run uninstall again",
@@ -558,7 +571,7 @@ pub(super) async fn revert<R: CommandRunner>(
         }
         _ => {}
     }
-    Ok(())
+    Ok(kept)
 }
 
 /// Creates again those of `dirs` (sorted, parents first) that are gone, with their mode and

@@ -18,7 +18,7 @@ fn package_runner(
         let a: Vec<&str> = argv.iter().map(String::as_str).collect();
         match a.as_slice() {
             ["dpkg-query", ..] => (0, db.iter().map(|l| format!("ii  {l}\n")).collect()),
-            ["env", _, "apt-get", "install", "--download-only", rest @ ..] => {
+            ["env", _, "apt-get", "-o", _, "install", "--download-only", rest @ ..] => {
                 let dir = rest
                     .iter()
                     .find_map(|a| a.strip_prefix("Dir::Cache::archives="))
@@ -34,11 +34,11 @@ fn package_runner(
                 "drwxr-xr-x root/root 0 2024-01-01 00:00 ./\ndrwxr-xr-x root/root 0 2024-01-01 00:00 ./opt/\ndrwxr-xr-x root/root 0 2024-01-01 00:00 ./opt/cni/\n-rwxr-xr-x root/root 9 2024-01-01 00:00 ./opt/cni/bin\n".into(),
             ),
             ["rpm", "-qa", ..] => (0, db.iter().map(|l| format!("{l}\n")).collect()),
-            ["env", _, "apt-get", "install", ..] | ["dnf", "install", ..] => {
+            ["env", _, "apt-get", "-o", _, "install", ..] | ["dnf", "install", ..] => {
                 db.extend(added.iter().map(|s| s.to_string()));
                 (0, String::new())
             }
-            ["env", _, "apt-get", "purge", "-y", "-q", names @ ..] => {
+            ["env", _, "apt-get", "-o", _, "purge", "-y", "-q", names @ ..] => {
                 db.retain(|l| !names.contains(&l.split(' ').next().unwrap()));
                 (0, String::new())
             }
@@ -121,16 +121,16 @@ async fn apt_packages_command_sequence_and_revert() {
     assert_eq!(
         cmds,
         [
-            "apt-get update -q",
+            "apt-get -o DPkg::Lock::Timeout=300 update -q",
             "dpkg-query -W -f ${db:Status-Abbrev} ${Package} ${Version}\\n",
-            "env DEBIAN_FRONTEND=noninteractive apt-get install --download-only -y -q -o Dir::Cache::archives=DL/apt-archives kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
+            "env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install --download-only -y -q -o Dir::Cache::archives=DL/apt-archives kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
             "dpkg-deb --contents DL/apt-archives/conntrack_1_all.deb",
             "dpkg-deb --contents DL/apt-archives/cri-tools_1_all.deb",
             "dpkg-deb --contents DL/apt-archives/kubeadm_1_all.deb",
             "dpkg-deb --contents DL/apt-archives/kubectl_1_all.deb",
             "dpkg-deb --contents DL/apt-archives/kubelet_1_all.deb",
             "dpkg-deb --contents DL/apt-archives/kubernetes-cni_1_all.deb",
-            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold -o Dir::Cache::archives=DL/apt-archives kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
+            "env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold -o Dir::Cache::archives=DL/apt-archives kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
             "dpkg-query -W -f ${db:Status-Abbrev} ${Package} ${Version}\\n",
             "apt-mark hold kubeadm kubelet kubectl",
         ]
@@ -178,8 +178,11 @@ async fn apt_packages_command_sequence_and_revert() {
         cmds,
         [
             "apt-mark unhold kubeadm kubelet kubectl",
-            "env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q conntrack cri-tools kubeadm kubectl kubelet kubernetes-cni",
-            "apt-get update -q",
+            // Nothing held, the simulated purge removes only the set: all of it goes.
+            "apt-mark showhold",
+            "apt-get -s -q purge conntrack cri-tools kubeadm kubectl kubelet kubernetes-cni",
+            "env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 purge -y -q conntrack cri-tools kubeadm kubectl kubelet kubernetes-cni",
+            "apt-get -o DPkg::Lock::Timeout=300 update -q",
         ]
     );
     assert_eq!(tree(&b.root), before);

@@ -4,6 +4,7 @@
 use super::apply::{Commands, argv};
 use super::files::{copy_entry, mode_of, sync_dir, tmp_sibling};
 use super::install::backup_dir;
+use super::keep::KeptPackage;
 use super::probe::{active_swaps, read_sysctl, sysctl_path, under};
 use super::{
     Change, FSTAB_MARKER, InstallError, InstallManifest, PACKAGE_COMMAND_TIMEOUT,
@@ -25,8 +26,25 @@ pub async fn uninstall(
     units: &impl UnitManager,
     runner: &impl CommandRunner,
 ) -> Result<(), InstallError> {
+    uninstall_keeping(manifest_path, root, units, runner)
+        .await
+        .map(|_| ())
+}
+
+/// [`uninstall`], returning the packages the install added that were kept because another
+/// party holds or needs them ([`KeptPackage`], issue 16 A.5).
+///
+/// # Errors
+/// As [`uninstall`].
+pub async fn uninstall_keeping(
+    manifest_path: &Path,
+    root: &Path,
+    units: &impl UnitManager,
+    runner: &impl CommandRunner,
+) -> Result<Vec<KeptPackage>, InstallError> {
+    let mut kept = Vec::new();
     let Some(manifest) = InstallManifest::load(manifest_path)? else {
-        return Ok(());
+        return Ok(kept);
     };
     let scratch = manifest_path
         .parent()
@@ -148,7 +166,7 @@ pub async fn uninstall(
             }
             Change::AptUpdated => apt_update_at_end = true,
             Change::PackagesInstalled { .. } | Change::PackagesHeld { .. } => {
-                packages::revert(change, root, &cmds).await?;
+                kept.extend(packages::revert(change, root, &cmds).await?);
             }
         }
     }
@@ -170,7 +188,7 @@ pub async fn uninstall(
     }
     if apt_update_at_end
         && let Err(e) = cmds
-            .run(
+            .run_pm(
                 &argv(&["apt-get", "update", "-q"]),
                 PACKAGE_COMMAND_TIMEOUT,
                 "",
@@ -192,7 +210,7 @@ pub async fn uninstall(
         sync_dir(d);
     }
     tracing::info!("uninstall complete");
-    Ok(())
+    Ok(kept)
 }
 
 pub(super) fn remove_any(path: &Path) -> Result<(), InstallError> {

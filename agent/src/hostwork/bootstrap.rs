@@ -1,0 +1,442 @@
+//! The bootstrap of a claim: runs [`bootstrap_steps`] in order (install, provider-id drop-in,
+//! each `write_files` entry with a backup of what it replaces, each `runcmd`, the sentinel),
+//! each recorded in `state.json` before and after it runs.
+
+use super::{
+    BootstrapStep, HostWorker, PROVIDER_ID_DROPIN, RUNTIME_DIRS, SENTINEL, WorkError,
+    bootstrap_steps, failpoint, io, provider_id_dropin, provisioned_conditions,
+};
+use crate::cloudinit::{self, CommandRunner, InstanceData, ValidateOptions};
+use crate::fsutil::under;
+use crate::state::{ClaimWork, HostState, Outcome, Rerun, Steps, WrittenFile};
+use crate::systemd::{UnitManager, notify};
+use byoh_api::ByoHost;
+use byoh_api::byohost::HostClaim;
+use byoh_api::conditions::{phase, reasons, types};
+use kube::api::Api;
+use std::path::{Path, PathBuf};
+
+impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
+    pub(super) async fn bootstrap(
+        &self,
+        host: &ByoHost,
+        claim: &HostClaim,
+        state: &mut HostState,
+    ) -> Result<(), WorkError> {
+        let machine = claim.machine_ref.name.clone();
+        if state.claim.is_none() {
+            state.claim = Some(ClaimWork {
+                machine_uid: claim.machine_ref.uid.clone(),
+                machine_name: machine.clone(),
+                provider_id: claim.provider_id.clone(),
+                bootstrap_resource_version: None,
+                steps: Vec::new(),
+                written_files: Vec::new(),
+                installed: false,
+                outcome: None,
+                preexisting_dirs: RUNTIME_DIRS
+                    .iter()
+                    .filter(|d| under(&self.settings.root, Path::new(d)).exists())
+                    .map(PathBuf::from)
+                    .collect(),
+            });
+            self.save(state)?;
+            tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");
+        }
+        if let Some(step) = state
+            .claim
+            .as_ref()
+            .and_then(|w| w.interrupted().map(|s| s.name.clone()))
+        {
+            let message = format!(
+                "the agent stopped during {step}, which must not run twice; release the host (delete the Machine) to reset it"
+            );
+            return self
+                .fail(host, state, reasons::BOOTSTRAP_FAILED, message, &[])
+                .await;
+        }
+        notify::status(&format!(
+            "Bootstrapping for ByoMachine {}/{machine}",
+            self.settings.namespace
+        ));
+        self.report(
+            host,
+            phase::BOOTSTRAPPING,
+            state,
+            &[
+                (
+                    types::READY,
+                    true,
+                    reasons::WAITING_FOR_BOOTSTRAP,
+                    "running the bootstrap data",
+                ),
+                (
+                    types::BOOTSTRAP_SUCCEEDED,
+                    false,
+                    reasons::WAITING_FOR_BOOTSTRAP,
+                    "running the bootstrap data",
+                ),
+            ],
+        )
+        .await?;
+
+        let Some(data) = self.bootstrap_data(claim).await? else {
+            let message = format!(
+                "bootstrap Secret {} has no key \"value\" yet",
+                claim.bootstrap_secret_ref.name
+            );
+            return self
+                .report(
+                    host,
+                    phase::BOOTSTRAPPING,
+                    state,
+                    &[(
+                        types::BOOTSTRAP_SUCCEEDED,
+                        false,
+                        reasons::WAITING_FOR_BOOTSTRAP,
+                        &message,
+                    )],
+                )
+                .await;
+        };
+        if let Some(w) = state.claim.as_mut()
+            && w.bootstrap_resource_version.is_none()
+        {
+            w.bootstrap_resource_version = data.resource_version.clone();
+            self.save(state)?;
+        }
+        let instance = InstanceData {
+            local_hostname: self.settings.name.clone(),
+            instance_id: self.settings.name.clone(),
+        };
+        let plan = cloudinit::check_format(data.format.as_deref())
+            .and_then(|()| cloudinit::parse(&data.value, &instance))
+            .and_then(|doc| {
+                cloudinit::validate(
+                    &doc,
+                    &ValidateOptions {
+                        root: &self.settings.root,
+                        host_name: &self.settings.name,
+                        ignore_modules: &self.settings.ignore_modules,
+                    },
+                )
+            });
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                return self
+                    .fail(
+                        host,
+                        state,
+                        reasons::BOOTSTRAP_DATA_INVALID,
+                        format!("bootstrap data refused before anything ran: {e}"),
+                        &[],
+                    )
+                    .await;
+            }
+        };
+
+        // Kubernetes components, if the claim asks for them (resumable: the installer keeps
+        // its own manifest of every change, which the clean-up reverts).
+        let installer_ref = claim
+            .installer_ref
+            .as_ref()
+            .filter(|_| !self.settings.skip_installation);
+        for next in bootstrap_steps(installer_ref.is_some(), &plan) {
+            let step = next.to_string();
+            if next != BootstrapStep::Sentinel
+                && state.claim.as_ref().is_some_and(|w| w.done(&step))
+            {
+                continue;
+            }
+            failpoint(&step).await;
+            match next {
+                BootstrapStep::Install => {
+                    let Some(installer_ref) = installer_ref else {
+                        continue;
+                    };
+                    self.record_start(state, &step, Rerun::Idempotent)?;
+                    if let Some(w) = state.claim.as_mut() {
+                        w.installed = true;
+                    }
+                    self.save(state)?;
+                    notify::status(&format!(
+                        "Installing Kubernetes components for ByoMachine {}/{machine}",
+                        self.settings.namespace
+                    ));
+                    self.report(
+                        host,
+                        phase::INSTALLING,
+                        state,
+                        &[(
+                            types::K8S_COMPONENTS_INSTALLED,
+                            false,
+                            reasons::WAITING_FOR_BOOTSTRAP,
+                            "installing",
+                        )],
+                    )
+                    .await?;
+                    let configs: Api<byoh_api::K8sInstallerConfig> =
+                        Api::namespaced(self.client.clone(), &self.settings.namespace);
+                    let config = configs.get(&installer_ref.name).await.map_err(|source| {
+                        WorkError::Api {
+                            action: format!("reading K8sInstallerConfig {}", installer_ref.name),
+                            source,
+                        }
+                    })?;
+                    let version = claim.kubernetes_version.clone().or_else(|| {
+                        config
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.kubernetes_version.clone())
+                    });
+                    let Some(kubernetes_version) = version else {
+                        let message = format!(
+                            "neither the claim nor K8sInstallerConfig {} names a Kubernetes version",
+                            installer_ref.name
+                        );
+                        self.record_finish(state, &step, Err(message.clone()))?;
+                        return self.fail_install(host, state, message).await;
+                    };
+                    let request = crate::installer::InstallRequest {
+                        kubernetes_version,
+                        spec: config.spec.clone(),
+                        download_dir: self.settings.download_dir.clone(),
+                        root: self.settings.root.clone(),
+                    };
+                    let manifest = self
+                        .settings
+                        .state_dir
+                        .join(crate::installer::MANIFEST_FILE);
+                    match crate::installer::install(
+                        &request,
+                        &self.settings.host_info,
+                        &self.units,
+                        &self.runner,
+                        &manifest,
+                    )
+                    .await
+                    {
+                        Ok(_) => {
+                            self.record_finish(state, &step, Ok(()))?;
+                            self.report(
+                                host,
+                                phase::BOOTSTRAPPING,
+                                state,
+                                &[(
+                                    types::K8S_COMPONENTS_INSTALLED,
+                                    true,
+                                    reasons::AS_EXPECTED,
+                                    "installed as the K8sInstallerConfig asks",
+                                )],
+                            )
+                            .await?;
+                        }
+                        Err(e) => {
+                            self.record_finish(state, &step, Err(e.to_string()))?;
+                            // A failed install is not retried: revert what it changed now, so
+                            // a half-installed host (e.g. an apt source whose key is wrong,
+                            // which breaks every `apt-get update`) does not wait for the
+                            // release. The release reverts whatever is left.
+                            let message = match crate::installer::uninstall(
+                                &manifest,
+                                &self.settings.root,
+                                &self.units,
+                                &self.runner,
+                            )
+                            .await
+                            {
+                                Ok(()) => {
+                                    format!("{e} (what the install had changed was reverted)")
+                                }
+                                Err(undo) => format!(
+                                    "{e}; reverting what the install had changed failed too ({undo}); releasing the host retries it"
+                                ),
+                            };
+                            return self.fail_install(host, state, message).await;
+                        }
+                    }
+                }
+                // The kubelet learns its providerID before anything else runs.
+                BootstrapStep::ProviderId => {
+                    let kubelet = ["/usr/bin/kubelet", "/usr/local/bin/kubelet"]
+                        .into_iter()
+                        .find(|p| under(&self.settings.root, Path::new(p)).exists())
+                        .unwrap_or("/usr/bin/kubelet");
+                    let dropin = PathBuf::from(PROVIDER_ID_DROPIN);
+                    self.record_start(state, &step, Rerun::Idempotent)?;
+                    let written = self.write_recorded(
+                        state,
+                        &dropin,
+                        provider_id_dropin(kubelet, &claim.provider_id).as_bytes(),
+                        0o644,
+                    )?;
+                    if let Some(w) = state.claim.as_mut()
+                        && !w.written_files.iter().any(|f| f.path == dropin)
+                    {
+                        w.written_files.push(written);
+                    }
+                    self.units.daemon_reload().await?;
+                    self.record_finish(state, &step, Ok(()))?;
+                }
+                BootstrapStep::WriteFile(index) => {
+                    let Some(f) = plan.files.iter().find(|f| f.index == index) else {
+                        continue;
+                    };
+                    self.record_start(
+                        state,
+                        &step,
+                        if f.append {
+                            Rerun::Never
+                        } else {
+                            Rerun::Idempotent
+                        },
+                    )?;
+                    let record = self.backup(state, &f.path)?;
+                    if let Some(w) = state.claim.as_mut()
+                        && !w.written_files.iter().any(|x| x.path == f.path)
+                    {
+                        w.written_files.push(record);
+                    }
+                    self.save(state)?;
+                    match cloudinit::write_file(&self.settings.root, f) {
+                        Ok(()) => self.record_finish(state, &step, Ok(()))?,
+                        Err(e) => {
+                            self.record_finish(state, &step, Err(e.to_string()))?;
+                            return self
+                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])
+                                .await;
+                        }
+                    }
+                }
+                BootstrapStep::RunCmd(index) => {
+                    let Some(c) = plan.commands.iter().find(|c| c.index == index) else {
+                        continue;
+                    };
+                    self.record_start(state, &step, Rerun::Never)?;
+                    notify::status(&format!(
+                        "Bootstrapping for ByoMachine {}/{machine}: {step}",
+                        self.settings.namespace
+                    ));
+                    match cloudinit::run_command(c, &self.runner, self.settings.command_timeout)
+                        .await
+                    {
+                        Ok(()) => self.record_finish(state, &step, Ok(()))?,
+                        Err(e) => {
+                            self.record_finish(state, &step, Err(e.to_string()))?;
+                            return self
+                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])
+                                .await;
+                        }
+                    }
+                }
+                BootstrapStep::Sentinel => {
+                    if !under(&self.settings.root, Path::new(SENTINEL)).exists() {
+                        return self.fail(host, state, reasons::BOOTSTRAP_FAILED, format!("every step succeeded but the CAPI sentinel {SENTINEL} is missing: the bootstrap data did not report success"), &[]).await;
+                    }
+                }
+            }
+        }
+        if let Some(w) = state.claim.as_mut() {
+            w.outcome = Some(Outcome::Bootstrapped);
+        }
+        self.save(state)?;
+        tracing::info!(byoh_machine = %machine, byoh_phase = phase::PROVISIONED, "bootstrap succeeded");
+        notify::status(&format!(
+            "Provisioned for ByoMachine {}/{machine}",
+            self.settings.namespace
+        ));
+        self.report(host, phase::PROVISIONED, state, &provisioned_conditions())
+            .await
+    }
+
+    fn record_start(
+        &self,
+        state: &mut HostState,
+        step: &str,
+        rerun: Rerun,
+    ) -> Result<(), WorkError> {
+        if let Some(w) = state.claim.as_mut() {
+            w.start(step, rerun);
+        }
+        self.save(state)
+    }
+
+    fn record_finish(
+        &self,
+        state: &mut HostState,
+        step: &str,
+        result: Result<(), String>,
+    ) -> Result<(), WorkError> {
+        if let Some(w) = state.claim.as_mut() {
+            w.finish(step, result);
+        }
+        self.save(state)
+    }
+
+    /// Records how to undo a write of `path`: a backup of the existing file (kept once, the
+    /// first time), and the directories that will be created.
+    fn backup(&self, state: &HostState, path: &Path) -> Result<WrittenFile, WorkError> {
+        if let Some(known) = state
+            .claim
+            .as_ref()
+            .and_then(|w| w.written_files.iter().find(|f| f.path == path))
+        {
+            return Ok(known.clone());
+        }
+        let host_path = under(&self.settings.root, path);
+        let backup = if host_path.exists() {
+            let dir = self.settings.state_dir.join("backups");
+            crate::fsutil::ensure_dir(&dir, 0o700).map_err(io(&dir))?;
+            let n = state.claim.as_ref().map_or(0, |w| w.written_files.len());
+            let b = dir.join(format!(
+                "{n}-{}",
+                path.file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ));
+            std::fs::copy(&host_path, &b).map_err(io(&host_path))?;
+            let mode = std::fs::metadata(&host_path)
+                .map_err(io(&host_path))?
+                .permissions();
+            std::fs::set_permissions(&b, mode).map_err(io(&b))?;
+            Some(b)
+        } else {
+            None
+        };
+        let mut created_dirs = Vec::new();
+        let mut cur = path.parent();
+        while let Some(d) = cur {
+            if d == Path::new("/") || under(&self.settings.root, d).exists() {
+                break;
+            }
+            created_dirs.push(d.to_path_buf());
+            cur = d.parent();
+        }
+        created_dirs.reverse();
+        Ok(WrittenFile {
+            path: path.to_path_buf(),
+            backup,
+            created_dirs,
+        })
+    }
+
+    fn write_recorded(
+        &self,
+        state: &HostState,
+        path: &Path,
+        content: &[u8],
+        mode: u32,
+    ) -> Result<WrittenFile, WorkError> {
+        let record = self.backup(state, path)?;
+        let host_path = under(&self.settings.root, path);
+        for d in &record.created_dirs {
+            let p = under(&self.settings.root, d);
+            if !p.exists() {
+                crate::fsutil::ensure_dir(&p, 0o755).map_err(io(&p))?;
+            }
+        }
+        crate::fsutil::write_atomic(&host_path, content, mode).map_err(io(&host_path))?;
+        Ok(record)
+    }
+}

@@ -1,0 +1,308 @@
+//! The clean-up after a claim: runs [`CLEANUP_STEPS`] in order, each recorded in `state.json`;
+//! a failed step is reported on the ByoHost (`CleanupSucceeded=False` and `Ready=False` with the
+//! step's reason, phase `CleaningUp`, so the host is not offered) and the round fails, which
+//! the work loop retries with backoff.
+
+use super::{
+    CLEANUP_STEPS, CleanupStep, HostWorker, RUNTIME_DIRS, WorkError, failpoint, io, reset,
+};
+use crate::cloudinit::CommandRunner;
+use crate::fsutil::under;
+use crate::state::{CleanupWork, HostState, Rerun, Steps};
+use crate::systemd::{UnitManager, notify};
+use byoh_api::ByoHost;
+use byoh_api::conditions::{phase, reasons, types};
+use std::path::Path;
+
+/// The condition reason of a failed clean-up step.
+pub fn failure_reason(e: &WorkError) -> &'static str {
+    match e {
+        WorkError::Reset(_) => reasons::KUBEADM_RESET_FAILED,
+        WorkError::NotClean { .. } => reasons::QUARANTINED,
+        WorkError::Mount(crate::mounts::MountError::Unmount { .. })
+        | WorkError::Mount(crate::mounts::MountError::StillMounted { .. })
+        | WorkError::Mount(crate::mounts::MountError::Boundary { .. }) => reasons::UNMOUNT_FAILED,
+        _ => reasons::CLEANUP_FAILED,
+    }
+}
+
+impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
+    pub(super) async fn cleanup(
+        &self,
+        host: &ByoHost,
+        machine_uid: &str,
+        state: &mut HostState,
+    ) -> Result<(), WorkError> {
+        if state.cleanup.is_none() {
+            state.cleanup = Some(CleanupWork {
+                machine_uid: machine_uid.into(),
+                steps: Vec::new(),
+                kept: Vec::new(),
+            });
+            self.save(state)?;
+            tracing::info!(
+                machine_uid,
+                byoh_phase = phase::CLEANING_UP,
+                "cleaning up after the claim"
+            );
+        }
+        notify::status("Cleaning up: resetting the host");
+        // After a failed step its condition stays until the step passes (no flapping back to
+        // "resetting the host" on every retry).
+        let failed_before = state.cleanup.as_ref().is_some_and(|c| {
+            c.steps
+                .iter()
+                .any(|s| matches!(s.state, crate::state::StepState::Failed { .. }))
+        });
+        if !failed_before {
+            self.report(
+                host,
+                phase::CLEANING_UP,
+                state,
+                &[(
+                    types::CLEANUP_SUCCEEDED,
+                    false,
+                    reasons::RELEASING,
+                    "resetting the host",
+                )],
+            )
+            .await?;
+        }
+
+        for next in CLEANUP_STEPS {
+            if let Err(e) = self.run_cleanup_step(state, next).await {
+                let reason = failure_reason(&e);
+                let message = format!("clean-up step {next} failed: {e}");
+                tracing::warn!(
+                    machine_uid,
+                    byoh_phase = phase::CLEANING_UP,
+                    reason,
+                    "{message}"
+                );
+                notify::status(&format!("Clean-up failed ({reason}); retrying: {message}"));
+                self.report(
+                    host,
+                    phase::CLEANING_UP,
+                    state,
+                    &[
+                        (types::CLEANUP_SUCCEEDED, false, reason, &message),
+                        (types::READY, false, reason, &message),
+                    ],
+                )
+                .await?;
+                return Err(e);
+            }
+        }
+
+        let kept = state
+            .cleanup
+            .as_ref()
+            .map(|c| c.kept.join(", "))
+            .unwrap_or_default();
+        let (cleanup_reason, cleanup_message) = if kept.is_empty() {
+            (
+                reasons::AS_EXPECTED,
+                "the host was reset and returned to the pool".to_string(),
+            )
+        } else {
+            (
+                reasons::PACKAGES_KEPT,
+                format!(
+                    "the host was reset and returned to the pool; kept packages the install had added, because another party holds or needs them: {kept}"
+                ),
+            )
+        };
+        state.cleaned_machine_uid = Some(machine_uid.into());
+        state.claim = None;
+        state.cleanup = None;
+        self.save(state)?;
+        tracing::info!(
+            machine_uid,
+            byoh_phase = phase::AVAILABLE,
+            "clean-up finished"
+        );
+        notify::status("Cleaned up; the host is back in the pool");
+        let released = host.spec.claim.is_some();
+        let msg = if released {
+            "cleaned up; waiting for the controller to drop the claim"
+        } else {
+            "registered; waiting for a ByoMachine to claim this host"
+        };
+        self.report(
+            host,
+            phase::AVAILABLE,
+            state,
+            &[
+                (
+                    types::CLEANUP_SUCCEEDED,
+                    true,
+                    cleanup_reason,
+                    &cleanup_message,
+                ),
+                (
+                    types::READY,
+                    true,
+                    if released {
+                        reasons::RELEASING
+                    } else {
+                        reasons::WAITING_FOR_CLAIM
+                    },
+                    msg,
+                ),
+                (
+                    types::BOOTSTRAP_SUCCEEDED,
+                    false,
+                    reasons::WAITING_FOR_CLAIM,
+                    "no claim",
+                ),
+            ],
+        )
+        .await
+    }
+
+    async fn cleanup_step<'a, F, Fut>(
+        &'a self,
+        state: &mut HostState,
+        step: CleanupStep,
+        f: F,
+    ) -> Result<(), WorkError>
+    where
+        F: FnOnce(&'a Self) -> Fut,
+        Fut: std::future::Future<Output = Result<(), WorkError>>,
+    {
+        let step = step.to_string();
+        if state.cleanup.as_ref().is_some_and(|c| c.done(&step)) {
+            return Ok(());
+        }
+        failpoint(&step).await;
+        if let Some(c) = state.cleanup.as_mut() {
+            c.start(&step, Rerun::Idempotent);
+        }
+        self.save(state)?;
+        let result = f(self).await;
+        if let Some(c) = state.cleanup.as_mut() {
+            c.finish(
+                &step,
+                result.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+            );
+        }
+        self.save(state)?;
+        result
+    }
+    async fn run_cleanup_step(
+        &self,
+        state: &mut HostState,
+        next: CleanupStep,
+    ) -> Result<(), WorkError> {
+        match next {
+            CleanupStep::KubeadmReset => {
+                self.cleanup_step(state, next, |me| async move {
+                    reset::reset(&me.settings.root, &me.runner, me.settings.command_timeout)
+                        .await?;
+                    Ok(())
+                })
+                .await
+            }
+            CleanupStep::StopKubelet => {
+                self.cleanup_step(state, next, |me| async move {
+                    let s = me.units.state(crate::units::KUBELET_UNIT).await?;
+                    if s.load_state != "not-found" {
+                        me.units.stop(crate::units::KUBELET_UNIT).await?;
+                        me.units.disable(&[crate::units::KUBELET_UNIT]).await?;
+                    }
+                    Ok(())
+                })
+                .await
+            }
+            CleanupStep::RemoveFiles => {
+                let work = state.claim.clone();
+                self.cleanup_step(state, next, |me| async move {
+                    let root = &me.settings.root;
+                    if let Some(w) = &work {
+                        for f in w.written_files.iter().rev() {
+                            let p = under(root, &f.path);
+                            match &f.backup {
+                                Some(b) => {
+                                    if b.exists() {
+                                        let mode =
+                                            std::fs::metadata(b).map_err(io(b))?.permissions();
+                                        let content = std::fs::read(b).map_err(io(b))?;
+                                        crate::fsutil::write_atomic(
+                                            &p,
+                                            &content,
+                                            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
+                                        )
+                                        .map_err(io(&p))?;
+                                    }
+                                }
+                                None => match std::fs::remove_file(&p) {
+                                    Ok(()) => {}
+                                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                                    Err(e) => return Err(io(&p)(e)),
+                                },
+                            }
+                            for d in f.created_dirs.iter().rev() {
+                                let _ = std::fs::remove_dir(under(root, d));
+                            }
+                        }
+                        for d in RUNTIME_DIRS {
+                            if !w.preexisting_dirs.iter().any(|p| p == Path::new(d)) {
+                                crate::mounts::remove_tree(&under(root, Path::new(d)))?;
+                            }
+                        }
+                    }
+                    let backups = me.settings.state_dir.join("backups");
+                    let _ = std::fs::remove_dir_all(&backups);
+                    me.units.daemon_reload().await?;
+                    Ok(())
+                })
+                .await
+            }
+            CleanupStep::Uninstall => {
+                let kept = std::sync::Mutex::new(Vec::new());
+                let kept_ref = &kept;
+                self.cleanup_step(state, next, |me| async move {
+                    let manifest = me.settings.state_dir.join(crate::installer::MANIFEST_FILE);
+                    let k = crate::installer::uninstall_keeping(
+                        &manifest,
+                        &me.settings.root,
+                        &me.units,
+                        &me.runner,
+                    )
+                    .await?;
+                    if let Ok(mut v) = kept_ref.lock() {
+                        *v = k.iter().map(ToString::to_string).collect();
+                    }
+                    Ok(())
+                })
+                .await?;
+                let kept = kept.into_inner().unwrap_or_default();
+                if let Some(c) = state.cleanup.as_mut()
+                    && !kept.is_empty()
+                {
+                    c.kept = kept;
+                    self.save(state)?;
+                }
+                Ok(())
+            }
+            CleanupStep::Verify => {
+                let preexisting = state
+                    .claim
+                    .as_ref()
+                    .map(|w| w.preexisting_dirs.clone())
+                    .unwrap_or_default();
+                self.cleanup_step(state, next, |me| async move {
+                    let leftovers =
+                        super::verify::leftovers(&me.settings.root, &me.units, &preexisting)
+                            .await?;
+                    if leftovers.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(WorkError::NotClean { leftovers })
+                    }
+                })
+                .await
+            }
+        }
+    }
+}

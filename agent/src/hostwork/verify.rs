@@ -1,0 +1,66 @@
+//! The last clean-up step (issue 16 A.3, first part): prove the host clean before it is offered
+//! again. What is checked: kubelet.service not active, no process of this host listening on
+//! the kubelet's or a control plane's ports ([`CLAIM_PORTS`]; sockets of other PID namespaces
+//! sharing the network, e.g. containers, are not this host's), no mount left at or below
+//! `/var/lib/kubelet`, and `/etc/kubernetes` gone when the claim created it. A host that fails is
+//! quarantined: phase `CleaningUp` with `CleanupSucceeded=False`/`Ready=False`, reason
+//! `Quarantined` and what is left; the agent checks again with backoff (at most every 30 s) and
+//! offers the host once it passes. Not checked yet: CNI interfaces, KUBE-* iptables/nftables
+//! chains, addresses added during the claim, containers in containerd's `k8s.io` namespace.
+
+use crate::fsutil::under;
+use crate::systemd::UnitManager;
+use std::path::{Path, PathBuf};
+
+/// Ports a claim's Kubernetes components listen on: kubelet, kube-apiserver, etcd client and
+/// peer.
+pub const CLAIM_PORTS: &[u16] = &[10250, 6443, 2379, 2380];
+
+/// What is left on the host after a clean-up, one line each (empty: clean).
+///
+/// # Errors
+/// [`crate::systemd::SystemdError`] when kubelet.service's state cannot be read.
+pub async fn leftovers(
+    root: &Path,
+    units: &impl UnitManager,
+    preexisting_dirs: &[PathBuf],
+) -> Result<Vec<String>, crate::systemd::SystemdError> {
+    let mut left = Vec::new();
+    let kubelet = units.state(crate::units::KUBELET_UNIT).await?;
+    if kubelet.load_state != "not-found"
+        && !matches!(kubelet.active_state.as_str(), "inactive" | "failed")
+    {
+        left.push(format!(
+            "{} is {} ({}): stop it (systemctl stop {})",
+            crate::units::KUBELET_UNIT,
+            kubelet.active_state,
+            kubelet.sub_state,
+            crate::units::KUBELET_UNIT
+        ));
+    }
+    for u in crate::doctor::busy_ports_of(CLAIM_PORTS) {
+        if let Some(owner) = u.owner {
+            left.push(format!(
+                "port {} is held by {owner}: stop that process",
+                u.port
+            ));
+        }
+    }
+    let kubelet_dir = under(root, "/var/lib/kubelet");
+    if let Ok(text) = std::fs::read_to_string(crate::mounts::MOUNTINFO)
+        && let Ok(mounts) = crate::mounts::parse_mountinfo(&text)
+    {
+        for m in crate::mounts::mounts_below(&mounts, &kubelet_dir) {
+            left.push(format!(
+                "{} ({}) is still mounted: umount it",
+                m.mount_point.display(),
+                m.fs_type
+            ));
+        }
+    }
+    let etc = Path::new("/etc/kubernetes");
+    if !preexisting_dirs.iter().any(|d| d == etc) && under(root, etc).exists() {
+        left.push("/etc/kubernetes is still there: remove it".into());
+    }
+    Ok(left)
+}
