@@ -594,6 +594,7 @@ async fn killed_at_every_step_boundary_the_host_converges_without_repeating_a_st
         &byoh_agent::cloudinit::InstanceData {
             local_hostname: "h".into(),
             instance_id: "h".into(),
+            default_interface: None,
         },
     )
     .unwrap();

@@ -61,6 +61,7 @@ fn plan_for(settings: &Settings, file: &Path, host: &str, format: &str) -> Resul
     let data = InstanceData {
         local_hostname: host.to_string(),
         instance_id: host.to_string(),
+        default_interface: crate::facts::default_interface(),
     };
     let doc = parse(&text, &data).map_err(|e| refused(file, &e))?;
     validate(
@@ -151,6 +152,9 @@ pub fn describe(plan: &Plan, host: &str, file: &Path) -> String {
             "ignored modules (accepted, not run, [bootstrap] ignore_modules): {}",
             plan.ignored_modules.join(", ")
         );
+    }
+    for note in &plan.notes {
+        let _ = writeln!(s, "note: {note}");
     }
     if !plan.accepted_keys.is_empty() {
         let _ = writeln!(

@@ -198,6 +198,9 @@ pub async fn execute(
     command_timeout: Duration,
 ) -> Result<ExecReport, ExecError> {
     let mut report = ExecReport::default();
+    for note in &plan.notes {
+        tracing::warn!("cloud-config: {note}");
+    }
     for f in &plan.files {
         write_file(root, f)?;
         tracing::info!(

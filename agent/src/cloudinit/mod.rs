@@ -31,7 +31,7 @@ pub use execute::{ExecError, ExecReport, execute, run_command, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;
 pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail};
-pub use template::{InstanceData, SUPPORTED_JINJA_NAMES};
+pub use template::{GO_DEFAULT_INTERFACE, InstanceData, SUPPORTED_JINJA_NAMES};
 pub use validate::{Command, FileWrite, Plan, ValidateOptions, validate};
 
 use std::fmt;
@@ -90,14 +90,25 @@ pub enum CloudConfigError {
     },
     /// A Jinja expression that this agent does not expand.
     #[error(
-        "line {line}: Jinja expression {expression} is not supported; byoh-agent expands only {{{{ ds.meta_data.local_hostname }}}}, \
-         {{{{ v1.local_hostname }}}}, {{{{ ds.meta_data.instance_id }}}} and {{{{ v1.instance_id }}}}"
+        "line {line}: Jinja expression {expression} is not supported; byoh-agent expands only the variables {} \
+         (also written with subscripts, e.g. ds.meta_data[\"local_hostname\"])",
+        SUPPORTED_JINJA_NAMES.join(", ")
     )]
     Template {
         /// 1-based line in the original document.
         line: usize,
         /// The expression as written (cut to 80 characters).
         expression: String,
+    },
+    /// The Go original's `{{ .DefaultNetworkInterfaceName }}` on a host without a default route.
+    #[error(
+        "line {line}: {{{{ .DefaultNetworkInterfaceName }}}} stands for the interface of the host's default route, \
+         but this host has none (/proc/net/route, /proc/net/ipv6_route); write the interface name in the \
+         template instead (e.g. kube-vip's vip_interface)"
+    )]
+    NoDefaultInterface {
+        /// 1-based line in the original document.
+        line: usize,
     },
     /// The document is too large, or its YAML aliases expand it beyond a bound; refused before
     /// its YAML is turned into values.

@@ -68,6 +68,7 @@ pub(super) fn data() -> InstanceData {
     InstanceData {
         local_hostname: "worker-1".into(),
         instance_id: "worker-1".into(),
+        default_interface: Some("eth0".into()),
     }
 }
 

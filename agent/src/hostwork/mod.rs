@@ -639,6 +639,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         let instance = InstanceData {
             local_hostname: self.settings.name.clone(),
             instance_id: self.settings.name.clone(),
+            default_interface: crate::facts::default_interface(),
         };
         let plan = cloudinit::check_format(data.format.as_deref())
             .and_then(|()| cloudinit::parse(&data.value, &instance))
