@@ -917,25 +917,16 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             return Ok(known.clone());
         }
         let host_path = under(&self.settings.root, path);
-        let backup = if host_path.exists() {
-            let dir = self.settings.state_dir.join("backups");
-            crate::fsutil::ensure_dir(&dir, 0o700).map_err(io(&dir))?;
-            let n = state.claim.as_ref().map_or(0, |w| w.written_files.len());
-            let b = dir.join(format!(
-                "{n}-{}",
-                path.file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ));
-            std::fs::copy(&host_path, &b).map_err(io(&host_path))?;
-            let mode = std::fs::metadata(&host_path)
-                .map_err(io(&host_path))?
-                .permissions();
-            std::fs::set_permissions(&b, mode).map_err(io(&b))?;
-            Some(b)
-        } else {
-            None
-        };
+        let dir = self.settings.state_dir.join("backups");
+        crate::fsutil::ensure_dir(&dir, 0o700).map_err(io(&dir))?;
+        let n = state.claim.as_ref().map_or(0, |w| w.written_files.len());
+        let b = dir.join(format!(
+            "{n}-{}",
+            path.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ));
+        let snap = restore::snapshot(&host_path, &b).map_err(io(&host_path))?;
         let mut created_dirs = Vec::new();
         let mut cur = path.parent();
         while let Some(d) = cur {
@@ -948,8 +939,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         created_dirs.reverse();
         Ok(WrittenFile {
             path: path.to_path_buf(),
-            backup,
+            backup: snap.backup,
             created_dirs,
+            original: snap.original,
         })
     }
 
@@ -1048,8 +1040,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         if let Some(w) = &work {
                             for f in w.written_files.iter().rev() {
                                 let p = under(root, &f.path);
-                                match &f.backup {
-                                    Some(b) => {
+                                match (&f.backup, &f.original) {
+                                    // A record of an agent that kept only content and mode.
+                                    (Some(b), None) => {
                                         if b.exists() {
                                             let mode =
                                                 std::fs::metadata(b).map_err(io(b))?.permissions();
@@ -1063,11 +1056,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                                             .map_err(io(&p))?;
                                         }
                                     }
-                                    None => match std::fs::remove_file(&p) {
-                                        Ok(()) => {}
-                                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                                        Err(e) => return Err(io(&p)(e)),
-                                    },
+                                    (backup, original) => {
+                                        restore::restore(&p, backup.as_deref(), original.as_ref())
+                                            .map_err(io(&p))?
+                                    }
                                 }
                                 for d in f.created_dirs.iter().rev() {
                                     let _ = std::fs::remove_dir(under(root, d));
@@ -1202,6 +1194,8 @@ fn provisioned_conditions() -> [(&'static str, bool, &'static str, &'static str)
         ),
     ]
 }
+
+mod restore;
 
 #[cfg(test)]
 mod tests;
