@@ -181,3 +181,44 @@ async fn owners_are_resolved_through_the_name_service() {
     );
     host.stop().await.unwrap();
 }
+
+/// B.1: runcmd items share one shell (cd, export, `. ./env.sh`), as in cloud-init; a failing
+/// item still stops the rest and is named by its index.
+#[tokio::test(flavor = "multi_thread")]
+async fn runcmd_items_share_one_shell_and_a_failure_is_named() {
+    let Some(host) = boot("ci16-runcmd").await else {
+        return;
+    };
+    let doc = "#cloud-config\nwrite_files:\n- path: /tmp/n5/env.sh\n  content: |\n    export FROM_FILE=1\nruncmd:\n- export FOO=bar\n- cd /tmp/n5\n- . ./env.sh\n- echo \"$FOO $(pwd) $FROM_FILE\" > /tmp/n5/out\n";
+    let out = apply(&host, "n5.yaml", doc).await;
+    assert!(out.success(), "{out:?}");
+    assert!(out.stdout.contains("ran 4 commands"), "{out:?}");
+    assert_eq!(
+        host.read_to_string("/tmp/n5/out").await.unwrap(),
+        "bar /tmp/n5 1\n"
+    );
+
+    let doc = "#cloud-config\nruncmd:\n- cd /tmp/n5\n- echo first > ran\n- [ sh, -c, \"echo nope >&2; exit 7\" ]\n- echo never > never\n";
+    let out = apply(&host, "fail.yaml", doc).await;
+    assert!(!out.success(), "{out:?}");
+    assert!(
+        out.stderr.contains("runcmd[2] failed: exit status 7") && out.stderr.contains("nope"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(host.read_to_string("/tmp/n5/ran").await.unwrap(), "first\n");
+    assert!(
+        !host
+            .exec(&["test", "-e", "/tmp/n5/never"])
+            .await
+            .unwrap()
+            .success()
+    );
+    // No script or shell state left behind by `apply`.
+    let left = host
+        .run(&["sh", "-c", "ls -d /tmp/byoh-runcmd-* 2>/dev/null | wc -l"])
+        .await
+        .unwrap();
+    assert_eq!(left.trim(), "0");
+    host.stop().await.unwrap();
+}

@@ -6,7 +6,8 @@
 //! 2. [`validate()`]: every rule on every entry, all problems at once, into a [`Plan`]; modules
 //!    this agent does not implement are refused by name before anything runs.
 //! 3. [`execute()`]: `write_files` (atomically, with mode and owner), then deferred files, then
-//!    `runcmd` (sequentially, stopping at the first failure) through a [`CommandRunner`].
+//!    `runcmd`: all items in one shell as cloud-init does, stopping at the first failing item
+//!    ([`script`]), through a [`CommandRunner`].
 //!
 //! Nothing is written and nothing runs unless the whole document validated. File contents and
 //! command output never reach logs: only paths, modes, indices and exit statuses are logged.
@@ -22,12 +23,13 @@ mod execute;
 mod modules;
 mod owner;
 mod runner;
+pub mod script;
 mod template;
 mod validate;
 
 pub use document::{Content, Document, RawCommand, RawWriteFile, parse};
 pub use encoding::Encoding;
-pub use execute::{ExecError, ExecReport, execute, run_command, write_file};
+pub use execute::{ExecError, ExecReport, execute, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;
 pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail};

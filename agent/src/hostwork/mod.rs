@@ -9,7 +9,7 @@
 //! Bootstrap: read the bootstrap Secret → parse and validate the cloud-config (nothing runs if
 //! it is refused) → install Kubernetes components if the claim names a K8sInstallerConfig
 //! ([`crate::installer`], resumable) → write the kubelet provider-id drop-in → `write_files` one by one (backing up
-//! files that existed) → `runcmd` one by one → success is the CAPI sentinel
+//! files that existed) → `runcmd` in one shell, one step per item (`runcmd.rs`) → success is the CAPI sentinel
 //! `/run/cluster-api/bootstrap-success.complete`. It runs at most once per (ByoMachine UID,
 //! bootstrap Secret resourceVersion).
 //!
@@ -574,6 +574,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             self.save(state)?;
             tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");
         }
+        self.reconcile_runcmd(state)?;
         if let Some(step) = state
             .claim
             .as_ref()
@@ -842,24 +843,15 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     }
                 }
                 BootstrapStep::RunCmd(index) => {
-                    let Some(c) = plan.commands.iter().find(|c| c.index == index) else {
-                        continue;
-                    };
-                    self.record_start(state, &step, Rerun::Never)?;
                     notify::status(&format!(
                         "Bootstrapping for ByoMachine {}/{machine}: {step}",
                         self.settings.namespace
                     ));
-                    match cloudinit::run_command(c, &self.runner, self.settings.command_timeout)
-                        .await
-                    {
-                        Ok(()) => self.record_finish(state, &step, Ok(()))?,
-                        Err(e) => {
-                            self.record_finish(state, &step, Err(e.to_string()))?;
-                            return self
-                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])
-                                .await;
-                        }
+                    // This item and those after it, in one shell (`runcmd.rs`).
+                    if let Some(message) = self.run_runcmd_batch(&plan, index, state).await? {
+                        return self
+                            .fail(host, state, reasons::BOOTSTRAP_FAILED, message, &[])
+                            .await;
                     }
                 }
                 BootstrapStep::Sentinel => {
@@ -1196,6 +1188,7 @@ fn provisioned_conditions() -> [(&'static str, bool, &'static str, &'static str)
 }
 
 mod restore;
+mod runcmd;
 
 #[cfg(test)]
 mod tests;

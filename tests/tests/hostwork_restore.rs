@@ -1,0 +1,154 @@
+//! System test of issue 16 A.4: a claim whose bootstrap data appends to a user's
+//! `~/.ssh/authorized_keys` (owned by that user, mode 0600), replaces a symbolic link and a
+//! file of another owner, and creates a new file; the release gives back exactly what each
+//! path was (content, owner, group, mode, type, absence). The claim is written by the test as
+//! the controller would.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use byoh_api::ByoHost;
+use byoh_tests::agent::{self, wait_for};
+use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::hosts::{self, Host};
+use kube::Api;
+use std::time::Duration;
+
+const BOOTSTRAP: &str = "#cloud-config\nwrite_files:\n- path: /home/alice/.ssh/authorized_keys\n  append: true\n  content: |\n    ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBYOH ops@bootstrap\n- path: /etc/byoh-test/link.conf\n  content: |\n    replaced\n- path: /etc/byoh-test/svc.conf\n  permissions: '0644'\n  content: |\n    replaced\n- path: /etc/byoh-test/new.conf\n  content: |\n    new\nruncmd:\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
+
+const PATHS: [&str; 4] = [
+    "/home/alice/.ssh/authorized_keys",
+    "/etc/byoh-test/link.conf",
+    "/etc/byoh-test/svc.conf",
+    "/etc/byoh-test/new.conf",
+];
+
+/// Type, owner, group, mode, link target and content hash of each path (or "absent").
+async fn describe(host: &Host) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in PATHS {
+        let line = host
+            .run(&[
+                "sh",
+                "-c",
+                "if [ -e \"$1\" ] || [ -L \"$1\" ]; then stat -c '%F %U:%G %a %N' \"$1\"; \
+                 [ -L \"$1\" ] || sha256sum < \"$1\"; else echo absent; fi",
+                "sh",
+                p,
+            ])
+            .await
+            .unwrap();
+        out.push(format!(
+            "{p}: {}",
+            line.split_whitespace().collect::<Vec<_>>().join(" ")
+        ));
+    }
+    out
+}
+
+async fn wait_phase(hosts: &Api<ByoHost>, name: &str, phase: &str, secs: u64) {
+    wait_for(
+        &format!("phase {phase}"),
+        Duration::from_secs(secs),
+        || async {
+            Ok(hosts
+                .get_opt(name)
+                .await?
+                .filter(|h| h.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase)))
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn release_gives_back_exactly_what_each_written_path_was() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "restore").await.unwrap();
+    let host = Host::boot("restore").await.unwrap();
+    // alice's key file (0600, hers), a symbolic link, a file of another owner with setgid.
+    host.run(&[
+        "sh",
+        "-c",
+        "useradd -m -s /bin/sh alice && install -d -m 0700 -o alice -g alice /home/alice/.ssh \
+         && printf 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIALICE alice@laptop\\n' > /home/alice/.ssh/authorized_keys \
+         && chown alice:alice /home/alice/.ssh/authorized_keys && chmod 0600 /home/alice/.ssh/authorized_keys \
+         && mkdir -p /etc/byoh-test && echo target > /etc/byoh-test/target.conf \
+         && ln -s target.conf /etc/byoh-test/link.conf \
+         && echo original > /etc/byoh-test/svc.conf && chown alice:daemon /etc/byoh-test/svc.conf \
+         && chmod 2640 /etc/byoh-test/svc.conf",
+    ])
+    .await
+    .unwrap();
+    let before = describe(&host).await;
+    agent::register(
+        &client,
+        &control_plane::kubeconfig_path().unwrap(),
+        ns.name(),
+        &host,
+        "",
+    )
+    .await
+    .unwrap();
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let name = host.name().to_string();
+    agent::create_bootstrap_secret(&client, ns.name(), "r1", BOOTSTRAP)
+        .await
+        .unwrap();
+    agent::claim_host(&client, ns.name(), &name, "m-r1", "uid-r1", "r1")
+        .await
+        .unwrap();
+    wait_phase(&hosts, &name, "Provisioned", 90).await;
+    // While claimed: appended (owner and mode kept), the link replaced by a file.
+    assert_eq!(
+        host.read_to_string("/home/alice/.ssh/authorized_keys")
+            .await
+            .unwrap(),
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIALICE alice@laptop\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBYOH ops@bootstrap\n"
+    );
+    let during = describe(&host).await;
+    assert!(
+        during[0].contains("regular file alice:alice 600"),
+        "{during:?}"
+    );
+    assert!(
+        during[1].contains("regular file root:root 644"),
+        "{during:?}"
+    );
+    assert!(
+        during[3].contains("regular file root:root 644"),
+        "{during:?}"
+    );
+
+    agent::request_release(&client, ns.name(), &name)
+        .await
+        .unwrap();
+    wait_for("cleanedMachineUID", Duration::from_secs(90), || async {
+        Ok(hosts.get_opt(&name).await?.filter(|h| {
+            h.status
+                .as_ref()
+                .and_then(|s| s.cleaned_machine_uid.as_deref())
+                == Some("uid-r1")
+        }))
+    })
+    .await
+    .unwrap();
+    let after = describe(&host).await;
+    assert_eq!(
+        after, before,
+        "the release must give back every path exactly"
+    );
+    assert!(after[1].contains("symbolic link"), "{after:?}");
+    assert!(after[2].contains("alice:daemon 2640"), "{after:?}");
+    assert!(after[3].ends_with("absent"), "{after:?}");
+    // alice can read her keys again (sshd reads them as her).
+    host.run(&["su", "alice", "-c", "cat ~/.ssh/authorized_keys"])
+        .await
+        .unwrap();
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
