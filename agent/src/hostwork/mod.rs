@@ -669,6 +669,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
         };
 
+        for note in &plan.notes {
+            tracing::warn!(byoh_machine = %machine, "bootstrap data: {note}");
+        }
+
         // Kubernetes components, if the claim asks for them (resumable: the installer keeps
         // its own manifest of every change, which the clean-up reverts).
         let installer_ref = claim
