@@ -19,7 +19,7 @@
 use super::{HostWorker, WorkError, io};
 use crate::cloudinit::script::{self, Marker, RuncmdDir};
 use crate::cloudinit::{self, CommandRunner};
-use crate::state::{HostState, Rerun, Steps as _};
+use crate::state::{ClaimWork, HostState, Rerun, Steps as _};
 use crate::systemd::UnitManager;
 
 /// Whether the failpoint names `step` (see [`super::FAILPOINT_ENV`]).
@@ -27,6 +27,17 @@ fn failpoint_at(step: &str) -> bool {
     std::env::var(super::FAILPOINT_ENV)
         .ok()
         .is_some_and(|v| v == format!("pause-before:{step}"))
+}
+
+/// Records what the markers of a batch say: each started item started, each finished item
+/// done. An item left started is then the interruption.
+fn apply_markers(w: &mut ClaimWork, markers: &[Marker]) {
+    for m in markers {
+        match m {
+            Marker::Start(i) => w.start(&format!("runcmd[{i}]"), Rerun::Never),
+            Marker::Done(i) => w.finish(&format!("runcmd[{i}]"), Ok(())),
+        }
+    }
 }
 
 impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
@@ -53,12 +64,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         if markers.is_empty() {
             return Ok(());
         }
-        for m in &markers {
-            match m {
-                Marker::Start(i) => w.start(&format!("runcmd[{i}]"), Rerun::Never),
-                Marker::Done(i) => w.finish(&format!("runcmd[{i}]"), Ok(())),
-            }
-        }
+        apply_markers(w, &markers);
         self.save(state)
     }
 
@@ -131,5 +137,51 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             let _ = std::fs::remove_dir_all(&dir.dir);
         }
         Ok(failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work() -> ClaimWork {
+        ClaimWork {
+            machine_uid: "u".into(),
+            machine_name: "m".into(),
+            provider_id: "byoh://h".into(),
+            bootstrap_resource_version: None,
+            steps: Vec::new(),
+            written_files: Vec::new(),
+            installed: false,
+            outcome: None,
+            preexisting_dirs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn markers_of_an_interrupted_batch_decide_where_a_restart_resumes() {
+        // Killed between items 1 and 2: 0 and 1 done, nothing interrupted, resume at 2.
+        let mut w = work();
+        w.start("runcmd[0]", Rerun::Never);
+        apply_markers(
+            &mut w,
+            &[
+                Marker::Start(0),
+                Marker::Done(0),
+                Marker::Start(1),
+                Marker::Done(1),
+            ],
+        );
+        assert!(w.done("runcmd[0]") && w.done("runcmd[1]") && !w.done("runcmd[2]"));
+        assert!(w.interrupted().is_none());
+        // Killed inside item 1: it is the interruption, never run twice.
+        let mut w = work();
+        w.start("runcmd[0]", Rerun::Never);
+        apply_markers(
+            &mut w,
+            &[Marker::Start(0), Marker::Done(0), Marker::Start(1)],
+        );
+        assert!(w.done("runcmd[0]"));
+        assert_eq!(w.interrupted().map(|s| s.name.as_str()), Some("runcmd[1]"));
     }
 }
