@@ -128,12 +128,13 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
         };
         self.save(state)?;
-        if plan
+        let all_ran = plan
             .commands
             .last()
-            .is_some_and(|c| outcome.done.contains(&c.index))
-        {
-            // Every item ran: the saved shell state (exported variables may hold tokens) goes.
+            .is_some_and(|c| outcome.done.contains(&c.index));
+        if all_ran || failed.is_some() {
+            // Nothing resumes from it any more: the saved shell state (exported variables may
+            // hold tokens) goes.
             let _ = std::fs::remove_dir_all(&dir.dir);
         }
         Ok(failed)

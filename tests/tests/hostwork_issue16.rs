@@ -1,8 +1,9 @@
-//! System test of issue 16 A.4: a claim whose bootstrap data appends to a user's
-//! `~/.ssh/authorized_keys` (owned by that user, mode 0600), replaces a symbolic link and a
-//! file of another owner, and creates a new file; the release gives back exactly what each
-//! path was (content, owner, group, mode, type, absence). The claim is written by the test as
-//! the controller would.
+//! System tests of issue 16 through a claim (written by the test as the controller would):
+//! A.4, bootstrap data that appends to a user's `~/.ssh/authorized_keys` (owned by that user,
+//! mode 0600), replaces a symbolic link and a file of another owner, and creates a new file;
+//! the release gives back exactly what each path was (content, owner, group, mode, type,
+//! absence). B.1–B.3: a Jinja template using the other names of the host name, the Go
+//! placeholder, and runcmd items sharing one shell.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -149,6 +150,76 @@ async fn release_gives_back_exactly_what_each_written_path_was() {
     host.run(&["su", "alice", "-c", "cat ~/.ssh/authorized_keys"])
         .await
         .unwrap();
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+const SHAPED: &str = "## template: jinja\n#cloud-config\nwrite_files:\n- path: /tmp/n5/env.sh\n  content: |\n    export FROM_FILE=1\n- path: /etc/byoh-test/names\n  content: |\n    {{ local_hostname }} {{ ds.meta_data[\"local-hostname\"] }} {{ .DefaultNetworkInterfaceName }}\nruncmd:\n- export FOO=bar\n- cd /tmp/n5\n- . ./env.sh\n- echo \"$FOO $(pwd) $FROM_FILE\" > /tmp/n5/out\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_runs_cloud_init_shaped_bootstrap_data() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "shaped").await.unwrap();
+    let host = Host::boot("shaped").await.unwrap();
+    agent::register(
+        &client,
+        &control_plane::kubeconfig_path().unwrap(),
+        ns.name(),
+        &host,
+        "",
+    )
+    .await
+    .unwrap();
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let name = host.name().to_string();
+    let iface = host
+        .run(&[
+            "sh",
+            "-c",
+            "ip -4 route show default | awk '{print $5; exit}'",
+        ])
+        .await
+        .unwrap()
+        .trim()
+        .to_string();
+    agent::create_bootstrap_secret(&client, ns.name(), "s1", SHAPED)
+        .await
+        .unwrap();
+    agent::claim_host(&client, ns.name(), &name, "m-s1", "uid-s1", "s1")
+        .await
+        .unwrap();
+    wait_phase(&hosts, &name, "Provisioned", 90).await;
+    assert_eq!(
+        host.read_to_string("/tmp/n5/out").await.unwrap(),
+        "bar /tmp/n5 1\n"
+    );
+    assert_eq!(
+        host.read_to_string("/etc/byoh-test/names").await.unwrap(),
+        format!("{name} {name} {iface}\n")
+    );
+    // Every item is its own recorded step, done.
+    let state: serde_json::Value = serde_json::from_str(
+        &host
+            .read_to_string("/var/lib/byoh/state.json")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let steps = state["claim"]["steps"].as_array().unwrap();
+    for i in 0..5 {
+        let name = format!("runcmd[{i}]");
+        assert!(
+            steps
+                .iter()
+                .any(|s| s["name"] == name.as_str() && s["state"] == "done"),
+            "{name} in {steps:?}"
+        );
+    }
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
 }
