@@ -1,6 +1,7 @@
 //! System tests of issue 16 through a claim (written by the test as the controller would):
 //! A.4, bootstrap data that appends to a user's `~/.ssh/authorized_keys` (owned by that user,
-//! mode 0600), replaces a symbolic link and a file of another owner, and creates a new file;
+//! mode 0600), replaces a symbolic link and a file of another owner, creates a new file and
+//! appends through a symbolic link;
 //! the release gives back exactly what each path was (content, owner, group, mode, type,
 //! absence). B.1–B.3: a Jinja template using the other names of the host name, the Go
 //! placeholder, and runcmd items sharing one shell.
@@ -14,13 +15,15 @@ use byoh_tests::hosts::{self, Host};
 use kube::Api;
 use std::time::Duration;
 
-const BOOTSTRAP: &str = "#cloud-config\nwrite_files:\n- path: /home/alice/.ssh/authorized_keys\n  append: true\n  content: |\n    ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBYOH ops@bootstrap\n- path: /etc/byoh-test/link.conf\n  content: |\n    replaced\n- path: /etc/byoh-test/svc.conf\n  permissions: '0644'\n  content: |\n    replaced\n- path: /etc/byoh-test/new.conf\n  content: |\n    new\nruncmd:\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
+const BOOTSTRAP: &str = "#cloud-config\nwrite_files:\n- path: /home/alice/.ssh/authorized_keys\n  append: true\n  content: |\n    ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBYOH ops@bootstrap\n- path: /etc/byoh-test/link.conf\n  content: |\n    replaced\n- path: /etc/byoh-test/svc.conf\n  permissions: '0644'\n  content: |\n    replaced\n- path: /etc/byoh-test/new.conf\n  content: |\n    new\n- path: /etc/byoh-test/applink.conf\n  append: true\n  content: |\n    appended\nruncmd:\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
 
-const PATHS: [&str; 4] = [
+const PATHS: [&str; 6] = [
     "/home/alice/.ssh/authorized_keys",
     "/etc/byoh-test/link.conf",
     "/etc/byoh-test/svc.conf",
     "/etc/byoh-test/new.conf",
+    "/etc/byoh-test/applink.conf",
+    "/etc/byoh-test/target2.conf",
 ];
 
 /// Type, owner, group, mode, link target and content hash of each path (or "absent").
@@ -81,7 +84,9 @@ async fn release_gives_back_exactly_what_each_written_path_was() {
          && mkdir -p /etc/byoh-test && echo target > /etc/byoh-test/target.conf \
          && ln -s target.conf /etc/byoh-test/link.conf \
          && echo original > /etc/byoh-test/svc.conf && chown alice:daemon /etc/byoh-test/svc.conf \
-         && chmod 2640 /etc/byoh-test/svc.conf",
+         && chmod 2640 /etc/byoh-test/svc.conf \
+         && echo target2 > /etc/byoh-test/target2.conf && chmod 0600 /etc/byoh-test/target2.conf \
+         && ln -s /etc/byoh-test/target2.conf /etc/byoh-test/applink.conf",
     ])
     .await
     .unwrap();
@@ -146,6 +151,7 @@ async fn release_gives_back_exactly_what_each_written_path_was() {
     assert!(after[1].contains("symbolic link"), "{after:?}");
     assert!(after[2].contains("alice:daemon 2640"), "{after:?}");
     assert!(after[3].ends_with("absent"), "{after:?}");
+    assert!(after[4].contains("symbolic link"), "{after:?}");
     // alice can read her keys again (sshd reads them as her).
     host.run(&["su", "alice", "-c", "cat ~/.ssh/authorized_keys"])
         .await

@@ -829,11 +829,18 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                             Rerun::Idempotent
                         },
                     )?;
-                    let record = self.backup(state, &f.path)?;
-                    if let Some(w) = state.claim.as_mut()
-                        && !w.written_files.iter().any(|x| x.path == f.path)
-                    {
-                        w.written_files.push(record);
+                    let mut records = vec![self.backup(state, &f.path)?];
+                    // An append through a symbolic link changes the link's target: keep it too
+                    // (restored before the link, records being undone last first).
+                    if let Some(target) = self.append_target(f, &records[0]) {
+                        records.push(self.backup(state, &target)?);
+                    }
+                    for record in records {
+                        if let Some(w) = state.claim.as_mut()
+                            && !w.written_files.iter().any(|x| x.path == record.path)
+                        {
+                            w.written_files.push(record);
+                        }
                     }
                     self.save(state)?;
                     match cloudinit::write_file(&self.settings.root, f) {

@@ -8,10 +8,34 @@
 //! (so the path is never seen with the wrong owner or mode), a symbolic link is recreated the
 //! same way (owner set with `lchown`), an absent path is removed.
 
-use crate::state::{OriginalFile, OriginalKind};
+use super::HostWorker;
+use crate::cloudinit::{CommandRunner, FileWrite};
+use crate::state::{OriginalFile, OriginalKind, WrittenFile};
+use crate::systemd::UnitManager;
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
+
+impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
+    /// For an append to a path that is a symbolic link: the file the append will change (the
+    /// link resolved, as a host path), which must be kept as well.
+    pub(super) fn append_target(&self, f: &FileWrite, link: &WrittenFile) -> Option<PathBuf> {
+        let is_link = matches!(
+            link.original,
+            Some(OriginalFile {
+                kind: OriginalKind::Symlink { .. },
+                ..
+            })
+        );
+        if !f.append || !is_link {
+            return None;
+        }
+        let root = &self.settings.root;
+        let real = std::fs::canonicalize(crate::fsutil::under(root, &f.path)).ok()?;
+        let inside = real.strip_prefix(root).ok()?;
+        Some(Path::new("/").join(inside))
+    }
+}
 
 /// What [`snapshot`] found at a path.
 #[derive(Clone, Debug, PartialEq, Eq)]
