@@ -146,7 +146,7 @@ pub enum CloudConfigCommand {
     Validate {
         /// The cloud-config (the bootstrap Secret's `value`).
         file: PathBuf,
-        /// Host name to expand `{{ v1.local_hostname }}` with and to compare `hostname` to;
+        /// Host name to expand `{{ local_hostname }}` (and its other Jinja names) with and to compare `hostname` to;
         /// default: `[host] name`, else this machine's hostname.
         #[arg(long, value_name = "NAME")]
         hostname: Option<String>,

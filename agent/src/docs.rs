@@ -333,7 +333,7 @@ pub fn agent_md() -> String {
         (state(crate::state::STATE_FILE), "host work: the claim's steps, written files and outcome, the clean-up (resumable)".into()),
         (state(crate::status::RUNTIME_FILE), "what `byoh-agent status` shows: registration, Lease renewals, claim, preflight results".into()),
         (state(crate::installer::manifest::MANIFEST_FILE), "everything the installer changed, reverted exactly on uninstall (with `install-backup/`)".into()),
-        (state("backups/"), "copies of files the bootstrap data overwrote, restored on clean-up".into()),
+        (state("backups/"), "copies of files the bootstrap data overwrote or appended to, restored on clean-up with their owner, group, mode and type".into()),
         (format!("`{}` (`agent.download_dir`)", config::DEFAULT_DOWNLOAD_DIR), "installer downloads (verified by SHA-256)".into()),
         (format!("`{}`", crate::hostwork::PROVIDER_ID_DROPIN), "kubelet drop-in with the claim's `--provider-id`".into()),
         (format!("`{}`, `{}`", crate::installer::MODULES_FILE, crate::installer::SYSCTL_FILE), "kernel modules and sysctls the installer sets".into()),

@@ -263,6 +263,13 @@ pub fn network_status() -> Result<NetworkStatus, FactsError> {
     })
 }
 
+/// The interface of the host's default route: the IPv4 one of lowest metric from
+/// `/proc/net/route`, else the IPv6 one from `/proc/net/ipv6_route`; `None` without a default
+/// route.
+pub fn default_interface() -> Option<String> {
+    default_route_v4().or_else(default_route_v6)
+}
+
 fn default_route_v4() -> Option<String> {
     procfs::net::route()
         .ok()?

@@ -84,6 +84,38 @@ pub struct WrittenFile {
     pub backup: Option<PathBuf>,
     /// Directories created for it (deepest last), removed on clean-up if empty.
     pub created_dirs: Vec<PathBuf>,
+    /// What the path was before the bootstrap wrote it (type, owner, group, mode; the content
+    /// is in `backup`), restored exactly on clean-up; `None` when it did not exist (or in a
+    /// record written by an agent that did not keep it: then only content and mode return).
+    #[serde(default)]
+    pub original: Option<OriginalFile>,
+}
+
+/// The type of a path that existed before the bootstrap wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OriginalKind {
+    /// A regular file; its content is the record's `backup`.
+    File,
+    /// A symbolic link with this target (as `readlink` gives it).
+    Symlink {
+        /// The link's target.
+        target: PathBuf,
+    },
+}
+
+/// Owner, group, mode and type of a path before the bootstrap wrote it (from `lstat`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OriginalFile {
+    /// Its type.
+    pub kind: OriginalKind,
+    /// Owner user id.
+    pub uid: u32,
+    /// Owner group id.
+    pub gid: u32,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
 }
 
 /// How a bootstrap ended.

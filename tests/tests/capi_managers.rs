@@ -442,6 +442,7 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
     let instance = byoh_agent::cloudinit::InstanceData {
         local_hostname: HOST.into(),
         instance_id: HOST.into(),
+        default_interface: None,
     };
     let doc = byoh_agent::cloudinit::parse(&value, &instance).map_err(|e| {
         anyhow::anyhow!("the agent cannot parse CABPK's cloud-config: {e}\n{value}")

@@ -318,7 +318,9 @@ async fn refused_and_failing_bootstrap_data_are_reported_on_the_byohost() {
 }
 
 /// Bootstrap data whose every step leaves a trace, to prove nothing ran twice.
-const COUNTING: &str = "#cloud-config\nwrite_files:\n- path: /etc/byoh-test/kill/a.conf\n  content: \"a\\n\"\n- path: /etc/byoh-test/kill/log\n  append: true\n  content: \"appended\\n\"\nruncmd:\n- echo one >> /run/byoh-count\n- [ \"/usr/local/bin/kubeadm\", \"join\", \"--config\", \"/etc/byoh-test/kill/a.conf\" ]\n- echo three >> /run/byoh-count\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
+/// runcmd[2] depends on the shell state of runcmd[0] (working directory and an exported
+/// variable): killed before runcmd[1] or runcmd[2], the resumed shell must restore it.
+const COUNTING: &str = "#cloud-config\nwrite_files:\n- path: /etc/byoh-test/kill/a.conf\n  content: \"a\\n\"\n- path: /etc/byoh-test/kill/log\n  append: true\n  content: \"appended\\n\"\nruncmd:\n- cd /run && export BYOH_THIRD=three && echo one >> byoh-count\n- [ \"/usr/local/bin/kubeadm\", \"join\", \"--config\", \"/etc/byoh-test/kill/a.conf\" ]\n- echo \"$BYOH_THIRD\" >> byoh-count\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
 
 async fn set_failpoint(host: &Host, step: Option<&str>) {
     match step {
@@ -594,6 +596,7 @@ async fn killed_at_every_step_boundary_the_host_converges_without_repeating_a_st
         &byoh_agent::cloudinit::InstanceData {
             local_hostname: "h".into(),
             instance_id: "h".into(),
+            default_interface: None,
         },
     )
     .unwrap();

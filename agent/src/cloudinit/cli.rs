@@ -61,6 +61,7 @@ fn plan_for(settings: &Settings, file: &Path, host: &str, format: &str) -> Resul
     let data = InstanceData {
         local_hostname: host.to_string(),
         instance_id: host.to_string(),
+        default_interface: crate::facts::default_interface(),
     };
     let doc = parse(&text, &data).map_err(|e| refused(file, &e))?;
     validate(
@@ -110,10 +111,17 @@ pub fn describe(plan: &Plan, host: &str, file: &Path) -> String {
             },
             |m| format!("{m:04o}"),
         );
-        let owner = f
-            .owner
-            .as_ref()
-            .map_or("root:root (default)", |o| o.spec.as_str());
+        // What execution does: without `owner`, a new or replaced file is root's (the agent
+        // creates it); an append to an existing file keeps its owner (see docs/architecture.md,
+        // "Cloud-config": cloud-init would chown it to root:root).
+        let owner = f.owner.as_ref().map_or(
+            if f.append {
+                "root:root if created, else kept"
+            } else {
+                "root:root (default)"
+            },
+            |o| o.spec.as_str(),
+        );
         let mut flags = String::new();
         if f.append {
             flags.push_str(" append");
@@ -151,6 +159,9 @@ pub fn describe(plan: &Plan, host: &str, file: &Path) -> String {
             "ignored modules (accepted, not run, [bootstrap] ignore_modules): {}",
             plan.ignored_modules.join(", ")
         );
+    }
+    for note in &plan.notes {
+        let _ = writeln!(s, "note: {note}");
     }
     if !plan.accepted_keys.is_empty() {
         let _ = writeln!(
@@ -244,5 +255,33 @@ mod tests {
         }
         w("not json");
         assert!(claimed(d.path()).is_err());
+    }
+
+    #[test]
+    fn the_plan_says_what_happens_to_owner_and_mode_of_an_append() {
+        let doc = crate::cloudinit::parse(
+            "#cloud-config\nwrite_files:\n- path: /home/u/.ssh/authorized_keys\n  append: true\n  content: k\n- path: /etc/x\n  content: x\n",
+            &crate::cloudinit::tests::data(),
+        )
+        .unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let plan = validate(
+            &doc,
+            &ValidateOptions {
+                root: root.path(),
+                host_name: "h",
+                ignore_modules: &[],
+            },
+        )
+        .unwrap();
+        let text = describe(&plan, "h", Path::new("f"));
+        assert!(
+            text.contains("[0] /home/u/.ssh/authorized_keys  mode 0644 if created, else kept  owner root:root if created, else kept"),
+            "{text}"
+        );
+        assert!(
+            text.contains("[1] /etc/x  mode 0644  owner root:root (default)"),
+            "{text}"
+        );
     }
 }

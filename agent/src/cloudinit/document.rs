@@ -107,6 +107,10 @@ pub struct Document {
     pub other: Vec<(String, Value)>,
     /// Type problems found while reading fields (reported by validation).
     pub problems: Vec<Problem>,
+    /// Remarks that do not refuse the document (e.g. the Go original's placeholder left as
+    /// written because the Jinja header is missing), shown by `cloud-config validate` and
+    /// logged when it runs.
+    pub notes: Vec<String>,
 }
 
 const BINARY_TAG: &str = "!!binary";
@@ -181,6 +185,7 @@ pub fn parse(input: &str, data: &InstanceData) -> Result<Document, CloudConfigEr
         .map(|m| m.trim_start_matches('!').to_string());
     let mut doc = Document {
         jinja: rendered.jinja,
+        notes: rendered.notes,
         ..Document::default()
     };
     let map = match value {

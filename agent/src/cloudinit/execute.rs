@@ -4,13 +4,14 @@
 //! written atomically ([`crate::fsutil::write_atomic`]: temporary file, fsync, rename, fsync of
 //! the directory) with its mode set exactly (default 0644), then chowned; an append opens the
 //! file with `O_APPEND`, writes, fsyncs, and sets the mode only when one was requested.
-//! Commands: sequential, through the [`CommandRunner`], stopping at the first one that fails.
+//! Commands: every `runcmd` item in one shell script through the [`CommandRunner`], stopping at
+//! the first item that fails ([`super::script`]).
 //!
 //! Commands run on the live system even when the root is not `/` (tests pass a fake runner).
 //! Logs hold paths, modes, indices and exit statuses, never contents or command output.
 
-use super::runner::{CommandRunner, Exit, stderr_tail};
-use super::validate::{Command, DEFAULT_FILE_MODE, FileWrite, Plan};
+use super::runner::{CommandRunner, Exit};
+use super::validate::{DEFAULT_FILE_MODE, FileWrite, Plan};
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -53,6 +54,9 @@ pub enum ExecError {
 
 fn exit_text(e: Exit) -> String {
     match e {
+        Exit::Code(0) => {
+            "ended the runcmd shell (exit or exec) before the items after it ran".into()
+        }
         Exit::Code(c) => format!("exit status {c}"),
         Exit::Signal(s) => format!("killed by signal {s}"),
         Exit::TimedOut => "timed out and was killed".into(),
@@ -154,37 +158,6 @@ pub fn write_file(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// Runs one planned command through `runner`, limited to `timeout`. One step of [`execute`],
-/// public so a resumable caller can record each step. Its output is never logged.
-///
-/// # Errors
-/// [`ExecError::Start`] if it cannot start, [`ExecError::Command`] if it fails (exit status and
-/// the tail of its stderr).
-pub async fn run_command(
-    c: &Command,
-    runner: &impl CommandRunner,
-    timeout: Duration,
-) -> Result<(), ExecError> {
-    tracing::info!(index = c.index, "runcmd: running command");
-    let outcome = runner
-        .run(&c.form, timeout)
-        .await
-        .map_err(|source| ExecError::Start {
-            index: c.index,
-            source,
-        })?;
-    if !outcome.exit.success() {
-        tracing::warn!(index = c.index, exit = %exit_text(outcome.exit), "runcmd: command failed");
-        return Err(ExecError::Command {
-            index: c.index,
-            exit: outcome.exit,
-            stderr_tail: stderr_tail(&outcome.stderr),
-        });
-    }
-    tracing::info!(index = c.index, "runcmd: command succeeded");
-    Ok(())
-}
-
 /// Executes a validated plan: files (non-deferred, then deferred) under `root`, then commands
 /// through `runner`, each limited to `command_timeout`.
 ///
@@ -198,6 +171,9 @@ pub async fn execute(
     command_timeout: Duration,
 ) -> Result<ExecReport, ExecError> {
     let mut report = ExecReport::default();
+    for note in &plan.notes {
+        tracing::warn!("cloud-config: {note}");
+    }
     for f in &plan.files {
         write_file(root, f)?;
         tracing::info!(
@@ -212,9 +188,22 @@ pub async fn execute(
         );
         report.files_written.push(f.path.clone());
     }
-    for c in &plan.commands {
-        run_command(c, runner, command_timeout).await?;
-        report.commands_run += 1;
+    if !plan.commands.is_empty() {
+        // All items in one shell (see `script`), from a private directory removed afterwards.
+        let dir = tempfile::Builder::new()
+            .prefix("byoh-runcmd-")
+            .tempdir()
+            .map_err(|source| ExecError::Start {
+                index: plan.commands[0].index,
+                source,
+            })?;
+        let batch = super::script::RuncmdDir {
+            dir: dir.path().to_path_buf(),
+        };
+        let outcome =
+            super::script::run_batch(&plan.commands, runner, command_timeout, &batch, false).await;
+        report.commands_run = outcome.done.len();
+        outcome.result?;
     }
     Ok(report)
 }

@@ -6,7 +6,8 @@
 //! 2. [`validate()`]: every rule on every entry, all problems at once, into a [`Plan`]; modules
 //!    this agent does not implement are refused by name before anything runs.
 //! 3. [`execute()`]: `write_files` (atomically, with mode and owner), then deferred files, then
-//!    `runcmd` (sequentially, stopping at the first failure) through a [`CommandRunner`].
+//!    `runcmd`: all items in one shell as cloud-init does, stopping at the first failing item
+//!    ([`script`]), through a [`CommandRunner`].
 //!
 //! Nothing is written and nothing runs unless the whole document validated. File contents and
 //! command output never reach logs: only paths, modes, indices and exit statuses are logged.
@@ -22,16 +23,17 @@ mod execute;
 mod modules;
 mod owner;
 mod runner;
+pub mod script;
 mod template;
 mod validate;
 
 pub use document::{Content, Document, RawCommand, RawWriteFile, parse};
 pub use encoding::Encoding;
-pub use execute::{ExecError, ExecReport, execute, run_command, write_file};
+pub use execute::{ExecError, ExecReport, execute, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;
 pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail};
-pub use template::{InstanceData, SUPPORTED_JINJA_NAMES};
+pub use template::{GO_DEFAULT_INTERFACE, InstanceData, SUPPORTED_JINJA_NAMES};
 pub use validate::{Command, FileWrite, Plan, ValidateOptions, validate};
 
 use std::fmt;
@@ -90,14 +92,25 @@ pub enum CloudConfigError {
     },
     /// A Jinja expression that this agent does not expand.
     #[error(
-        "line {line}: Jinja expression {expression} is not supported; byoh-agent expands only {{{{ ds.meta_data.local_hostname }}}}, \
-         {{{{ v1.local_hostname }}}}, {{{{ ds.meta_data.instance_id }}}} and {{{{ v1.instance_id }}}}"
+        "line {line}: Jinja expression {expression} is not supported; byoh-agent expands only the variables {} \
+         (also written with subscripts, e.g. ds.meta_data[\"local_hostname\"])",
+        SUPPORTED_JINJA_NAMES.join(", ")
     )]
     Template {
         /// 1-based line in the original document.
         line: usize,
         /// The expression as written (cut to 80 characters).
         expression: String,
+    },
+    /// The Go original's `{{ .DefaultNetworkInterfaceName }}` on a host without a default route.
+    #[error(
+        "line {line}: {{{{ .DefaultNetworkInterfaceName }}}} stands for the interface of the host's default route, \
+         but this host has none (/proc/net/route, /proc/net/ipv6_route); write the interface name in the \
+         template instead (e.g. kube-vip's vip_interface)"
+    )]
+    NoDefaultInterface {
+        /// 1-based line in the original document.
+        line: usize,
     },
     /// The document is too large, or its YAML aliases expand it beyond a bound; refused before
     /// its YAML is turned into values.

@@ -1,7 +1,10 @@
-//! `write_files` `owner`: `user:group` or `user`, each a name or a numeric id, resolved against
-//! `etc/passwd` and `etc/group` under the filesystem root (not the live system's NSS, so a
-//! temporary root in tests is honoured). With `user` alone the group is left as created (root),
-//! as cloud-init's `chownbyname(path, user, None)`.
+//! `write_files` `owner`: `user:group` or `user`, each a name or a numeric id. On the host
+//! (root `/`) names are resolved through the name service (NSS: `getpwnam_r` / `getgrnam_r`,
+//! as `chown` and cloud-init's `pwd.getpwnam` do), so accounts from SSSD, LDAP, `systemd-userdb`
+//! or `libnss-extrausers` are found, not only those of `/etc/passwd` and `/etc/group`. Under
+//! another root (a temporary directory in tests, whose accounts the live NSS does not know)
+//! they are looked up in that root's `etc/passwd` and `etc/group`. With `user` alone the group
+//! is left as created (root), as cloud-init's `chownbyname(path, user, None)`.
 
 use std::path::Path;
 
@@ -31,22 +34,67 @@ fn read(root: &Path, file: &str) -> Result<String, String> {
     std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
 }
 
-fn resolve_part(part: &str, what: &str, root: &Path, file: &str) -> Result<u32, String> {
+/// Which database a name is looked up in.
+#[derive(Clone, Copy)]
+enum Db {
+    Users,
+    Groups,
+}
+
+impl Db {
+    fn what(self) -> &'static str {
+        match self {
+            Db::Users => "user",
+            Db::Groups => "group",
+        }
+    }
+    fn file(self) -> &'static str {
+        match self {
+            Db::Users => "etc/passwd",
+            Db::Groups => "etc/group",
+        }
+    }
+    /// The id of `name` from the name service (NSS).
+    fn nss(self, name: &str) -> Result<Option<u32>, String> {
+        let found = match self {
+            Db::Users => nix::unistd::User::from_name(name).map(|u| u.map(|u| u.uid.as_raw())),
+            Db::Groups => nix::unistd::Group::from_name(name).map(|g| g.map(|g| g.gid.as_raw())),
+        };
+        found.map_err(|e| {
+            format!(
+                "looking up {} {name:?} in the name service failed: {e}",
+                self.what()
+            )
+        })
+    }
+}
+
+fn resolve_part(part: &str, db: Db, root: &Path) -> Result<u32, String> {
+    let what = db.what();
     if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
         return part
             .parse()
             .map_err(|_| format!("{what} id {part} is out of range"));
     }
-    let text = read(root, file)?;
+    if root == Path::new("/") {
+        return db.nss(part)?.ok_or_else(|| {
+            format!(
+                "{what} {part:?} does not exist on this host (looked up through the name service, \
+                 /etc/nsswitch.conf); create it first or use a numeric id"
+            )
+        });
+    }
+    let text = read(root, db.file())?;
     lookup(&text, part).ok_or_else(|| {
         format!(
             "{what} {part:?} does not exist on this host ({}); create it first or use a numeric id",
-            root.join(file).display()
+            root.join(db.file()).display()
         )
     })
 }
 
-/// Resolves an owner spec under `root`.
+/// Resolves an owner spec for files under `root`: through NSS when `root` is `/`, else from
+/// `root`'s `etc/passwd` and `etc/group`.
 ///
 /// # Errors
 /// A message naming the unknown user or group, or the unreadable file.
@@ -61,9 +109,9 @@ pub(crate) fn resolve(spec: &str, root: &Path) -> Result<Owner, String> {
             "owner {spec:?} is not \"user:group\" or \"user\" (names or numeric ids)"
         ));
     }
-    let uid = resolve_part(user, "user", root, "etc/passwd")?;
+    let uid = resolve_part(user, Db::Users, root)?;
     let gid = group
-        .map(|g| resolve_part(g, "group", root, "etc/group"))
+        .map(|g| resolve_part(g, Db::Groups, root))
         .transpose()?;
     Ok(Owner {
         spec: trimmed.to_string(),
@@ -135,5 +183,24 @@ mod tests {
                 .contains("cannot read")
         );
         assert!(resolve("0:0", empty.path()).is_ok());
+    }
+
+    #[test]
+    fn on_the_host_names_come_from_the_name_service() {
+        // This process's own account, whatever NSS source it comes from, and root.
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .unwrap()
+            .unwrap();
+        let group = nix::unistd::Group::from_gid(me.gid).unwrap().unwrap();
+        let o = resolve(&format!("{}:{}", me.name, group.name), Path::new("/")).unwrap();
+        assert_eq!((o.uid, o.gid), (me.uid.as_raw(), Some(me.gid.as_raw())));
+        assert_eq!(resolve("root:root", Path::new("/")).unwrap().uid, 0);
+        let e = resolve("no-such-user-byoh:root", Path::new("/")).unwrap_err();
+        assert!(
+            e.contains("user \"no-such-user-byoh\" does not exist") && e.contains("name service"),
+            "{e}"
+        );
+        let e = resolve("root:no-such-group-byoh", Path::new("/")).unwrap_err();
+        assert!(e.contains("group \"no-such-group-byoh\""), "{e}");
     }
 }

@@ -1,31 +1,56 @@
-//! Stage 1a: the header and the Jinja subset.
+//! Stage 1a: the header, the Jinja subset and the Go original's placeholder.
 //!
 //! cloud-init reads a first line `## template: jinja`, drops it, renders the rest of the
 //! user-data as a whole with Jinja (before YAML parsing), and then requires the result to start
 //! with `#cloud-config` (cloud-init docs, "Jinja template" user-data format and "Instance
-//! data"). This agent does the same with one difference: it expands only the documented
-//! instance-data names in [`SUPPORTED_JINJA_NAMES`]; every other `{{ ... }}`, `{% ... %}` or
-//! `{# ... #}` is an error naming the expression and its line. Without the Jinja header nothing
-//! is expanded: braces are content.
+//! data"). This agent does the same with one difference: it expands only the instance-data
+//! variables that name the host ([`SUPPORTED_JINJA_NAMES`]: the host name and the instance id
+//! under every name cloud-init documents), written in any lookup syntax Jinja accepts (dots,
+//! `['key']` / `["key"]` subscripts, mixed, with whitespace, `{{-`/`-}}` whitespace control);
+//! every other `{{ ... }}`, `{% ... %}` or `{# ... #}` is an error naming the expression, its
+//! line and the supported names. Without the Jinja header no Jinja is expanded: braces are
+//! content.
+//!
+//! The placeholder of the Go original of this agent, `{{ .DefaultNetworkInterfaceName }}` (used
+//! for kube-vip's interface), is rendered in a Jinja template as the interface of the host's
+//! default route ([`InstanceData::default_interface`]); a host without a default route refuses
+//! the document naming the replacement. Without the Jinja header it is content like any other
+//! braces (cloud-init never templates such a document, and the shared case
+//! `05-modes-owners-literal.yaml` writes it literally), but [`Rendered::notes`] says so, so
+//! that `cloud-config validate` and the agent's log point at the missing header.
 
 use super::CloudConfigError;
 
-/// The instance data that Jinja names expand to, given by the caller.
+/// The instance data that template names expand to, given by the caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceData {
-    /// The host name (`ds.meta_data.local_hostname`, `v1.local_hostname`): the ByoHost name.
+    /// The host name (`local_hostname`, `v1.local_hostname`, `ds.meta_data.local_hostname`):
+    /// the ByoHost name.
     pub local_hostname: String,
-    /// The instance id (`ds.meta_data.instance_id`, `v1.instance_id`).
+    /// The instance id (`instance_id`, `v1.instance_id`, `ds.meta_data.instance_id`).
     pub instance_id: String,
+    /// The interface of the host's default route (from `/proc/net/route`, else
+    /// `/proc/net/ipv6_route`), for the Go original's `{{ .DefaultNetworkInterfaceName }}`;
+    /// `None` when the host has no default route.
+    pub default_interface: Option<String>,
 }
 
-/// The Jinja names this agent expands (whitespace inside the braces is tolerated).
+/// The Jinja variables this agent expands, in their dotted form. Each is also accepted with
+/// subscripts (`ds.meta_data["local_hostname"]`, `v1['local-hostname']`), since cloud-init
+/// exposes every instance-data key both as written by the datasource (`local-hostname`) and
+/// with dashes turned into underscores, and aliases every `v1` key at the top level
+/// (cloud-init docs, "Instance data", "Using instance-data").
 pub const SUPPORTED_JINJA_NAMES: &[&str] = &[
-    "ds.meta_data.local_hostname",
+    "local_hostname",
     "v1.local_hostname",
-    "ds.meta_data.instance_id",
+    "ds.meta_data.local_hostname",
+    "instance_id",
     "v1.instance_id",
+    "ds.meta_data.instance_id",
 ];
+
+/// The Go original's placeholder for the default-route interface (without braces).
+pub const GO_DEFAULT_INTERFACE: &str = ".DefaultNetworkInterfaceName";
 
 /// The rendered document: YAML text starting with `#cloud-config`.
 #[derive(Debug)]
@@ -34,6 +59,8 @@ pub(crate) struct Rendered {
     pub text: String,
     /// Whether the document had the `## template: jinja` header.
     pub jinja: bool,
+    /// Remarks on what was left as written (the Go placeholder without the Jinja header).
+    pub notes: Vec<String>,
 }
 
 fn cut(s: &str, n: usize) -> String {
@@ -77,11 +104,14 @@ fn check_cloud_config_line(line: &str, number: usize) -> Result<(), CloudConfigE
     }
 }
 
-/// Checks the header and expands the Jinja subset.
+/// Checks the header and, with the Jinja header, expands the Jinja subset and the Go
+/// original's `{{ .DefaultNetworkInterfaceName }}`.
 ///
 /// # Errors
 /// [`CloudConfigError::Header`] for a missing `#cloud-config` line or another template renderer,
-/// [`CloudConfigError::Template`] for an unsupported or unterminated Jinja expression.
+/// [`CloudConfigError::Template`] for an unsupported or unterminated Jinja expression,
+/// [`CloudConfigError::NoDefaultInterface`] for the Go placeholder on a host without a default
+/// route.
 pub(crate) fn render(input: &str, data: &InstanceData) -> Result<Rendered, CloudConfigError> {
     let input = input.strip_prefix('\u{feff}').unwrap_or(input);
     let (line1, rest) = first_line(input);
@@ -90,7 +120,11 @@ pub(crate) fn render(input: &str, data: &InstanceData) -> Result<Rendered, Cloud
             let text = expand(rest, data, 2)?;
             let (line2, _) = first_line(&text);
             check_cloud_config_line(line2, 2)?;
-            Ok(Rendered { text, jinja: true })
+            Ok(Rendered {
+                text,
+                jinja: true,
+                notes: Vec::new(),
+            })
         }
         Some(_) => Err(CloudConfigError::Header {
             line: 1,
@@ -101,13 +135,92 @@ pub(crate) fn render(input: &str, data: &InstanceData) -> Result<Rendered, Cloud
             Ok(Rendered {
                 text: input.to_string(),
                 jinja: false,
+                notes: go_placeholder_notes(input),
             })
         }
     }
 }
 
-/// Expands `{{ NAME }}` for the supported names in `text`, whose first line is line
-/// `first_line_number` of the original document.
+/// A Jinja variable lookup (`a.b`, `a["b"]`, `a['b'].c`, whitespace between parts) as its keys,
+/// dashes turned into underscores as cloud-init's instance-data aliases do; `None` for anything
+/// else (filters, calls, operators, literals).
+pub(crate) fn lookup_path(expr: &str) -> Option<Vec<String>> {
+    let mut keys = Vec::new();
+    let mut rest = expr.trim();
+    let ident = |s: &str| -> usize {
+        s.char_indices()
+            .find(|&(i, c)| !(c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit())))
+            .map_or(s.len(), |(i, _)| i)
+    };
+    let n = ident(rest);
+    if n == 0 {
+        return None;
+    }
+    keys.push(rest[..n].to_string());
+    rest = rest[n..].trim_start();
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix('.') {
+            let r = r.trim_start();
+            let n = ident(r);
+            if n == 0 {
+                return None;
+            }
+            keys.push(r[..n].to_string());
+            rest = r[n..].trim_start();
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let r = r.trim_start();
+            let quote = r.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+            let r = &r[1..];
+            let close = r.find(quote)?;
+            let key = &r[..close];
+            if key.contains('\\') {
+                return None;
+            }
+            keys.push(key.to_string());
+            rest = r[close + 1..].trim_start().strip_prefix(']')?.trim_start();
+        } else {
+            return None;
+        }
+    }
+    Some(keys.into_iter().map(|k| k.replace('-', "_")).collect())
+}
+
+/// The value of a supported Jinja lookup.
+fn lookup<'a>(keys: &[String], data: &'a InstanceData) -> Option<&'a str> {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let leaf = match keys.as_slice() {
+        [leaf] | ["v1", leaf] | ["ds", "meta_data", leaf] => *leaf,
+        _ => return None,
+    };
+    match leaf {
+        "local_hostname" => Some(&data.local_hostname),
+        "instance_id" => Some(&data.instance_id),
+        _ => None,
+    }
+}
+
+/// Lines (1-based) holding the Go placeholder in a document without the Jinja header, as notes.
+fn go_placeholder_notes(text: &str) -> Vec<String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            l.split("{{")
+                .skip(1)
+                .any(|rest| rest.split("}}").next().map(str::trim) == Some(GO_DEFAULT_INTERFACE))
+        })
+        .map(|(n, _)| {
+            format!(
+                "line {}: {{{{ {GO_DEFAULT_INTERFACE} }}}} is written as it is: without \"## template: jinja\" \
+                 as first line nothing is templated; add that line to have it replaced by the host's \
+                 default-route interface",
+                n + 1
+            )
+        })
+        .collect()
+}
+
+/// Expands every `{{ }}`, `{% %}` and `{# #}` of `text` (a Jinja template whose first line is
+/// line `first_line_number` of the original document); unsupported ones are errors.
 fn expand(
     text: &str,
     data: &InstanceData,
@@ -130,8 +243,11 @@ fn expand(
                 continue;
             }
         };
+        let found = text[start + 2..].find(close);
+        let go = found
+            .is_some_and(|len| text[start + 2..start + 2 + len].trim() == GO_DEFAULT_INTERFACE);
         out.push_str(&text[i..start]);
-        let Some(len) = text[start + 2..].find(close) else {
+        let Some(len) = found else {
             let line_end = text[start..].find('\n').map_or(text.len(), |e| start + e);
             return Err(CloudConfigError::Template {
                 line: line_at(start),
@@ -142,19 +258,45 @@ fn expand(
             });
         };
         let end = start + 2 + len + 2;
-        let inner = text[start + 2..start + 2 + len].trim();
-        let value = match (close, inner) {
-            ("}}", "ds.meta_data.local_hostname" | "v1.local_hostname") => &data.local_hostname,
-            ("}}", "ds.meta_data.instance_id" | "v1.instance_id") => &data.instance_id,
-            _ => {
-                return Err(CloudConfigError::Template {
+        if go {
+            let Some(iface) = &data.default_interface else {
+                return Err(CloudConfigError::NoDefaultInterface {
                     line: line_at(start),
-                    expression: cut(&text[start..end], 80),
                 });
-            }
+            };
+            out.push_str(iface);
+            i = end;
+            continue;
+        }
+        // Jinja whitespace control: `{{-` strips the whitespace before, `-}}` the whitespace
+        // after.
+        let mut inner = &text[start + 2..start + 2 + len];
+        let trim_before = inner.starts_with('-');
+        let trim_after = inner.ends_with('-') && inner.len() > 1;
+        if trim_before {
+            inner = &inner[1..];
+        }
+        if trim_after {
+            inner = &inner[..inner.len() - 1];
+        }
+        let value = match close {
+            "}}" => lookup_path(inner).and_then(|keys| lookup(&keys, data)),
+            _ => None,
         };
+        let Some(value) = value else {
+            return Err(CloudConfigError::Template {
+                line: line_at(start),
+                expression: cut(&text[start..end], 80),
+            });
+        };
+        if trim_before {
+            out.truncate(out.trim_end().len());
+        }
         out.push_str(value);
         i = end;
+        if trim_after {
+            i += text[i..].len() - text[i..].trim_start().len();
+        }
     }
     out.push_str(&text[i..]);
     Ok(out)
@@ -168,6 +310,7 @@ mod tests {
         InstanceData {
             local_hostname: "worker-1".into(),
             instance_id: "id-7".into(),
+            default_interface: Some("enp1s0".into()),
         }
     }
 
@@ -239,6 +382,95 @@ mod tests {
                 .contains("line 3: Jinja expression {{ x }} is not supported"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn every_documented_name_of_the_host_name_in_every_lookup_syntax() {
+        for expr in [
+            "local_hostname",
+            "v1.local_hostname",
+            "ds.meta_data.local_hostname",
+            "ds.meta_data[\"local_hostname\"]",
+            "ds.meta_data['local_hostname']",
+            "ds.meta_data[\"local-hostname\"]",
+            "ds['meta_data']['local_hostname']",
+            "ds[\"meta_data\"].local_hostname",
+            "v1['local_hostname']",
+            "v1[ 'local-hostname' ]",
+            " ds . meta_data . local_hostname ",
+            "-local_hostname-",
+        ] {
+            let text = format!("## template: jinja\n#cloud-config\na: x{{{{{expr}}}}}y\n");
+            let r = render(&text, &data()).unwrap_or_else(|e| panic!("{expr}: {e}"));
+            assert_eq!(r.text, "#cloud-config\na: xworker-1y\n", "{expr}");
+        }
+        let r = render(
+            "## template: jinja\n#cloud-config\na: {{ instance_id }} {{ ds.meta_data['instance-id'] }}\nb: [ {{- v1.local_hostname -}} ]\n",
+            &data(),
+        )
+        .unwrap();
+        assert_eq!(r.text, "#cloud-config\na: id-7 id-7\nb: [worker-1]\n");
+    }
+
+    #[test]
+    fn unknown_variables_are_refused_with_the_supported_names() {
+        for expr in [
+            "{{ v1.region }}",
+            "{{ ds.meta_data.hostname }}",
+            "{{ meta_data.local_hostname }}",
+            "{{ ds.local_hostname }}",
+            "{{ v1[local_hostname] }}",
+            "{{ v1.local_hostname() }}",
+            "{{ v1['local_hostname }}",
+        ] {
+            let text = format!("## template: jinja\n#cloud-config\na: {expr}\n");
+            let e = render(&text, &data()).unwrap_err();
+            assert!(
+                matches!(e, CloudConfigError::Template { line: 3, .. }),
+                "{expr}: {e:?}"
+            );
+            let msg = e.to_string();
+            for name in SUPPORTED_JINJA_NAMES {
+                assert!(msg.contains(name), "{expr}: {msg}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_go_placeholder_is_the_default_route_interface_in_a_jinja_template() {
+        let r = render(
+            "## template: jinja\n#cloud-config\na: '{{.DefaultNetworkInterfaceName}}' {{ v1.local_hostname }}\n",
+            &data(),
+        )
+        .unwrap();
+        assert_eq!(r.text, "#cloud-config\na: 'enp1s0' worker-1\n");
+        assert!(r.notes.is_empty());
+        let none = InstanceData {
+            default_interface: None,
+            ..data()
+        };
+        let e = render(
+            "## template: jinja\n#cloud-config\na: {{ .DefaultNetworkInterfaceName }}\n",
+            &none,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, CloudConfigError::NoDefaultInterface { line: 3 }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("vip_interface"), "{e}");
+        // Without the Jinja header it is content (shared case 05), with a note naming the line.
+        let r = render(
+            "#cloud-config\nx: 1\na: 'iface={{ .DefaultNetworkInterfaceName }}'\n",
+            &none,
+        )
+        .unwrap();
+        assert_eq!(
+            r.text,
+            "#cloud-config\nx: 1\na: 'iface={{ .DefaultNetworkInterfaceName }}'\n"
+        );
+        assert_eq!(r.notes.len(), 1);
+        assert!(r.notes[0].starts_with("line 3: "), "{:?}", r.notes);
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub(super) fn data() -> InstanceData {
     InstanceData {
         local_hostname: "worker-1".into(),
         instance_id: "worker-1".into(),
+        default_interface: Some("eth0".into()),
     }
 }
 
@@ -98,25 +99,63 @@ struct FakeRunner {
     fail_at: Option<usize>,
 }
 
+/// The items of a runcmd script written by `script::script` (between `{` and `}` after each
+/// `start` marker), and the status file the markers go to.
+fn script_items(script: &str) -> (Vec<(usize, String)>, PathBuf) {
+    let mut items = Vec::new();
+    let mut status = PathBuf::new();
+    let mut lines = script.lines().peekable();
+    while let Some(l) = lines.next() {
+        let Some(rest) = l.strip_prefix("printf 'start ") else {
+            continue;
+        };
+        let (n, path) = rest.split_once("\\n' >> ").unwrap();
+        status = PathBuf::from(path.trim_matches('\''));
+        assert_eq!(lines.next(), Some("{"));
+        let mut body = Vec::new();
+        for l in lines.by_ref() {
+            if l == "}" {
+                break;
+            }
+            body.push(l);
+        }
+        items.push((n.parse().unwrap(), body.join("\n")));
+    }
+    (items, status)
+}
+
 impl CommandRunner for FakeRunner {
+    /// Plays a runcmd script without running it: records each item as a call and writes its
+    /// markers; the item of call `fail_at` fails with exit 3 and stderr "boom".
     async fn run(
         &self,
         command: &RawCommand,
         _timeout: Duration,
     ) -> std::io::Result<CommandOutcome> {
+        let RawCommand::Argv(argv) = command else {
+            panic!("runcmd runs as a script: {command:?}");
+        };
+        let script = std::fs::read_to_string(&argv[1]).unwrap();
+        let (items, status) = script_items(&script);
         let mut calls = self.calls.lock().unwrap();
-        let n = calls.len();
-        calls.push(command.clone());
-        Ok(if Some(n) == self.fail_at {
-            CommandOutcome {
-                exit: Exit::Code(3),
-                stderr: b"some noise\nboom\n".to_vec(),
+        let mut markers = String::new();
+        for (index, text) in items {
+            let n = calls.len();
+            calls.push(RawCommand::Shell(text));
+            markers.push_str(&format!("start {index}\n"));
+            if Some(n) == self.fail_at {
+                std::fs::write(&status, &markers).unwrap();
+                return Ok(CommandOutcome {
+                    exit: Exit::Code(3),
+                    stderr: b"some noise\nboom\n".to_vec(),
+                });
             }
-        } else {
-            CommandOutcome {
-                exit: Exit::Code(0),
-                stderr: Vec::new(),
-            }
+            markers.push_str(&format!("done {index}\n"));
+        }
+        std::fs::write(&status, &markers).unwrap();
+        Ok(CommandOutcome {
+            exit: Exit::Code(0),
+            stderr: Vec::new(),
         })
     }
 }

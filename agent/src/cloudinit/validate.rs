@@ -89,6 +89,8 @@ pub struct Plan {
     pub ignored_modules: Vec<String>,
     /// Keys accepted because they change nothing here (e.g. `hostname` equal to the host name).
     pub accepted_keys: Vec<String>,
+    /// Remarks that do not refuse the document ([`Document::notes`]).
+    pub notes: Vec<String>,
 }
 
 /// Parses `permissions` as cloud-init's `decode_perms`: an integer is the mode itself, a string
@@ -247,7 +249,10 @@ fn validate_command(c: &RawCommand) -> Result<(), String> {
 pub fn validate(doc: &Document, opts: &ValidateOptions<'_>) -> Result<Plan, CloudConfigError> {
     let mut problems = doc.problems.clone();
     let already = |problems: &[Problem], at: &str| problems.iter().any(|p| p.at == at);
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        notes: doc.notes.clone(),
+        ..Plan::default()
+    };
 
     for (key, value) in &doc.other {
         if let Some(v) = describe_only(key, value, opts.host_name) {

@@ -4,7 +4,7 @@
 
 use super::{
     BootstrapStep, HostWorker, PROVIDER_ID_DROPIN, RUNTIME_DIRS, SENTINEL, WorkError,
-    bootstrap_steps, failpoint, io, provider_id_dropin, provisioned_conditions,
+    bootstrap_steps, failpoint, io, provider_id_dropin, provisioned_conditions, restore,
 };
 use crate::cloudinit::{self, CommandRunner, InstanceData, ValidateOptions};
 use crate::fsutil::under;
@@ -43,6 +43,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             self.save(state)?;
             tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");
         }
+        self.reconcile_runcmd(state)?;
         if let Some(step) = state
             .claim
             .as_ref()
@@ -108,6 +109,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         let instance = InstanceData {
             local_hostname: self.settings.name.clone(),
             instance_id: self.settings.name.clone(),
+            default_interface: crate::facts::default_interface(),
         };
         let plan = cloudinit::check_format(data.format.as_deref())
             .and_then(|()| cloudinit::parse(&data.value, &instance))
@@ -135,6 +137,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .await;
             }
         };
+
+        for note in &plan.notes {
+            tracing::warn!(byoh_machine = %machine, "bootstrap data: {note}");
+        }
 
         // Kubernetes components, if the claim asks for them (resumable: the installer keeps
         // its own manifest of every change, which the clean-up reverts).
@@ -292,11 +298,18 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                             Rerun::Idempotent
                         },
                     )?;
-                    let record = self.backup(state, &f.path)?;
-                    if let Some(w) = state.claim.as_mut()
-                        && !w.written_files.iter().any(|x| x.path == f.path)
-                    {
-                        w.written_files.push(record);
+                    let mut records = vec![self.backup(state, &f.path)?];
+                    // An append through a symbolic link changes the link's target: keep it too
+                    // (restored before the link, records being undone last first).
+                    if let Some(target) = self.append_target(f, &records[0]) {
+                        records.push(self.backup(state, &target)?);
+                    }
+                    for record in records {
+                        if let Some(w) = state.claim.as_mut()
+                            && !w.written_files.iter().any(|x| x.path == record.path)
+                        {
+                            w.written_files.push(record);
+                        }
                     }
                     self.save(state)?;
                     match cloudinit::write_file(&self.settings.root, f) {
@@ -310,24 +323,15 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     }
                 }
                 BootstrapStep::RunCmd(index) => {
-                    let Some(c) = plan.commands.iter().find(|c| c.index == index) else {
-                        continue;
-                    };
-                    self.record_start(state, &step, Rerun::Never)?;
                     notify::status(&format!(
                         "Bootstrapping for ByoMachine {}/{machine}: {step}",
                         self.settings.namespace
                     ));
-                    match cloudinit::run_command(c, &self.runner, self.settings.command_timeout)
-                        .await
-                    {
-                        Ok(()) => self.record_finish(state, &step, Ok(()))?,
-                        Err(e) => {
-                            self.record_finish(state, &step, Err(e.to_string()))?;
-                            return self
-                                .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])
-                                .await;
-                        }
+                    // This item and those after it, in one shell (`runcmd.rs`).
+                    if let Some(message) = self.run_runcmd_batch(&plan, index, state).await? {
+                        return self
+                            .fail(host, state, reasons::BOOTSTRAP_FAILED, message, &[])
+                            .await;
                     }
                 }
                 BootstrapStep::Sentinel => {
@@ -350,7 +354,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             .await
     }
 
-    fn record_start(
+    pub(super) fn record_start(
         &self,
         state: &mut HostState,
         step: &str,
@@ -362,7 +366,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         self.save(state)
     }
 
-    fn record_finish(
+    pub(super) fn record_finish(
         &self,
         state: &mut HostState,
         step: &str,
@@ -385,25 +389,16 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             return Ok(known.clone());
         }
         let host_path = under(&self.settings.root, path);
-        let backup = if host_path.exists() {
-            let dir = self.settings.state_dir.join("backups");
-            crate::fsutil::ensure_dir(&dir, 0o700).map_err(io(&dir))?;
-            let n = state.claim.as_ref().map_or(0, |w| w.written_files.len());
-            let b = dir.join(format!(
-                "{n}-{}",
-                path.file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ));
-            std::fs::copy(&host_path, &b).map_err(io(&host_path))?;
-            let mode = std::fs::metadata(&host_path)
-                .map_err(io(&host_path))?
-                .permissions();
-            std::fs::set_permissions(&b, mode).map_err(io(&b))?;
-            Some(b)
-        } else {
-            None
-        };
+        let dir = self.settings.state_dir.join("backups");
+        crate::fsutil::ensure_dir(&dir, 0o700).map_err(io(&dir))?;
+        let n = state.claim.as_ref().map_or(0, |w| w.written_files.len());
+        let b = dir.join(format!(
+            "{n}-{}",
+            path.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ));
+        let snap = restore::snapshot(&host_path, &b).map_err(io(&host_path))?;
         let mut created_dirs = Vec::new();
         let mut cur = path.parent();
         while let Some(d) = cur {
@@ -416,8 +411,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         created_dirs.reverse();
         Ok(WrittenFile {
             path: path.to_path_buf(),
-            backup,
+            backup: snap.backup,
             created_dirs,
+            original: snap.original,
         })
     }
 

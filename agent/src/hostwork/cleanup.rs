@@ -4,7 +4,7 @@
 //! the work loop retries with backoff.
 
 use super::{
-    CLEANUP_STEPS, CleanupStep, HostWorker, RUNTIME_DIRS, WorkError, failpoint, io, reset,
+    CLEANUP_STEPS, CleanupStep, HostWorker, RUNTIME_DIRS, WorkError, failpoint, io, reset, restore,
 };
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
@@ -221,8 +221,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     if let Some(w) = &work {
                         for f in w.written_files.iter().rev() {
                             let p = under(root, &f.path);
-                            match &f.backup {
-                                Some(b) => {
+                            match (&f.backup, &f.original) {
+                                // A record of an agent that kept only content and mode.
+                                (Some(b), None) => {
                                     if b.exists() {
                                         let mode =
                                             std::fs::metadata(b).map_err(io(b))?.permissions();
@@ -235,11 +236,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                                         .map_err(io(&p))?;
                                     }
                                 }
-                                None => match std::fs::remove_file(&p) {
-                                    Ok(()) => {}
-                                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                                    Err(e) => return Err(io(&p)(e)),
-                                },
+                                (backup, original) => {
+                                    restore::restore(&p, backup.as_deref(), original.as_ref())
+                                        .map_err(io(&p))?
+                                }
                             }
                             for d in f.created_dirs.iter().rev() {
                                 let _ = std::fs::remove_dir(under(root, d));

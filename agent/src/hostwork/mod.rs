@@ -9,7 +9,7 @@
 //! Bootstrap: read the bootstrap Secret → parse and validate the cloud-config (nothing runs if
 //! it is refused) → install Kubernetes components if the claim names a K8sInstallerConfig
 //! ([`crate::installer`], resumable) → write the kubelet provider-id drop-in → `write_files` one by one (backing up
-//! files that existed) → `runcmd` one by one → success is the CAPI sentinel
+//! files that existed) → `runcmd` in one shell, one step per item (`runcmd.rs`) → success is the CAPI sentinel
 //! `/run/cluster-api/bootstrap-success.complete`. It runs at most once per (ByoMachine UID,
 //! bootstrap Secret resourceVersion).
 //!
@@ -307,6 +307,8 @@ struct BootstrapData {
 mod bootstrap;
 mod cleanup;
 pub mod reset;
+mod restore;
+mod runcmd;
 pub mod verify;
 pub use cleanup::failure_reason;
 

@@ -190,6 +190,7 @@ fn bootstrap_steps_name_every_step_in_order() {
         &InstanceData {
             local_hostname: "h".into(),
             instance_id: "h".into(),
+            default_interface: None,
         },
     )
     .unwrap();
