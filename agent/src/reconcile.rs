@@ -460,28 +460,35 @@ async fn serve(
                 Some(Err(e)) => tracing::warn!("watching the ByoHost failed: {e}; retrying with backoff"),
                 None => tracing::warn!("the ByoHost watch ended"),
             },
-            _ = lease_tick.tick() => match call_timeout(settings.lease_duration / 3, reg.renew_lease(settings.lease_duration)).await {
-                Ok(_) => {
-                    metrics.lease_renewals.inc();
-                    runtime.update(|r| {
-                        r.lease_renewed_at = Some(now_rfc3339());
-                        r.lease_error = None;
-                    });
-                    if let Some(since) = api_down_since.take() {
+            _ = lease_tick.tick() => {
+                // The loop is alive: the Lease tick is also the watchdog ping, so the watchdog
+                // timer only fires on its own when Lease ticks are further apart (issue 18: one
+                // wake-up fewer every half watchdog period).
+                notify::watchdog();
+                watchdog_tick.reset();
+                match call_timeout(settings.lease_duration / 3, reg.renew_lease(settings.lease_duration)).await {
+                    Ok(_) => {
+                        metrics.lease_renewals.inc();
+                        runtime.update(|r| {
+                            r.lease_renewed_at = Some(now_rfc3339());
+                            r.lease_error = None;
+                        });
+                        if let Some(since) = api_down_since.take() {
+                            let secs = since.elapsed().unwrap_or_default().as_secs();
+                            tracing::info!(outage_secs = secs, "API server reachable again; Lease renewed");
+                            notify::status(&available);
+                        }
+                    }
+                    Err(e) => {
+                        metrics.lease_renewal_failures.inc();
+                        runtime.update(|r| r.lease_error = Some(e.to_string()));
+                        let since = *api_down_since.get_or_insert_with(SystemTime::now);
                         let secs = since.elapsed().unwrap_or_default().as_secs();
-                        tracing::info!(outage_secs = secs, "API server reachable again; Lease renewed");
-                        notify::status(&available);
+                        notify::status(&format!("Cannot renew the Lease for {secs}s ({e}); retrying"));
+                        tracing::warn!("renewing the Lease failed: {e}; retrying");
                     }
                 }
-                Err(e) => {
-                    metrics.lease_renewal_failures.inc();
-                    runtime.update(|r| r.lease_error = Some(e.to_string()));
-                    let since = *api_down_since.get_or_insert_with(SystemTime::now);
-                    let secs = since.elapsed().unwrap_or_default().as_secs();
-                    notify::status(&format!("Cannot renew the Lease for {secs}s ({e}); retrying"));
-                    tracing::warn!("renewing the Lease failed: {e}; retrying");
-                }
-            },
+            }
             _ = facts_tick.tick() => {
                 if let Ok(now) = facts::gather(Path::new("/"), Some(name)) && now != facts {
                     tracing::info!("host facts changed; reporting them");
