@@ -1,0 +1,321 @@
+//! The reading half of the preflight checks: the host (procfs, `/sys`, systemd over D-Bus),
+//! the API server's `Date` header and DNS into [`Inputs`].
+
+use super::*;
+
+/// Active swap devices listed in `<root>/proc/swaps` (swapon(8) format: a header line, then
+/// the device first on each line, spaces escaped as `\040`).
+pub fn parse_swaps(text: &str) -> Vec<String> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|d| d.replace("\\040", " "))
+        .collect()
+}
+
+use crate::fsutil::under;
+
+/// The required modules that are neither loaded nor built in (`<root>/sys/module/<name>`
+/// exists for both).
+pub fn missing_modules(root: &Path) -> Vec<String> {
+    MODULES
+        .iter()
+        .filter(|m| !under(root, format!("/sys/module/{m}")).exists())
+        .map(|m| (*m).to_string())
+        .collect()
+}
+
+/// The required sysctls whose value under `<root>/proc/sys` differs from the wanted one.
+pub fn wrong_sysctls(root: &Path) -> Vec<(String, Option<String>)> {
+    SYSCTLS
+        .iter()
+        .filter_map(|(name, want)| {
+            let path = under(root, format!("/proc/sys/{}", name.replace('.', "/")));
+            let found = std::fs::read_to_string(path)
+                .ok()
+                .map(|v| v.trim().to_string());
+            (found.as_deref() != Some(*want)).then(|| ((*name).to_string(), found))
+        })
+        .collect()
+}
+
+/// Whether `path` is on the cgroup2 filesystem (statfs(2) `CGROUP2_SUPER_MAGIC`).
+pub fn is_cgroup2(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+/// Of [`KUBELET_PORT`] and [`API_SERVER_PORT`], the ones a TCP socket listens on (IPv4 and
+/// IPv6, from `/proc/net/tcp` and `/proc/net/tcp6`), each with the process holding the socket
+/// (matched by socket inode through `/proc/<pid>/fd`; needs root for other users' processes).
+pub fn busy_ports() -> Vec<PortUse> {
+    busy_ports_of(&[KUBELET_PORT, API_SERVER_PORT])
+}
+
+/// [`busy_ports`] for the TCP ports `ports`.
+pub fn busy_ports_of(ports: &[u16]) -> Vec<PortUse> {
+    let mut listening: Vec<(u16, u64)> = procfs::net::tcp()
+        .into_iter()
+        .chain(procfs::net::tcp6())
+        .flatten()
+        .filter(|e| e.state == procfs::net::TcpState::Listen)
+        .map(|e| (e.local_address.port(), e.inode))
+        .filter(|(p, _)| ports.contains(p))
+        .collect();
+    if listening.is_empty() {
+        return Vec::new();
+    }
+    listening.sort_unstable();
+    let mut owners: Vec<(u64, String)> = Vec::new();
+    for process in procfs::process::all_processes()
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(fds) = process.fd() else { continue };
+        for fd in fds.flatten() {
+            if let procfs::process::FDTarget::Socket(inode) = fd.target
+                && listening.iter().any(|(_, i)| *i == inode)
+            {
+                let name = process.stat().map_or_else(|_| "?".into(), |s| s.comm);
+                owners.push((inode, format!("{name} (pid {})", process.pid)));
+            }
+        }
+    }
+    let mut out: Vec<PortUse> = Vec::new();
+    for (port, inode) in listening {
+        let owner = owners
+            .iter()
+            .find(|(i, _)| *i == inode)
+            .map(|(_, o)| o.clone());
+        match out.iter_mut().find(|u| u.port == port) {
+            Some(u) => {
+                if u.owner.is_none() {
+                    u.owner = owner;
+                }
+            }
+            None => out.push(PortUse { port, owner }),
+        }
+    }
+    out
+}
+
+/// The kubeconfig the agent authenticates with now: `[cluster] kubeconfig`, else the host's
+/// own (`<state_dir>/kubeconfig`) once issued, else the bootstrap kubeconfig.
+pub fn active_kubeconfig(settings: &Settings) -> PathBuf {
+    match &settings.credentials {
+        Credentials::Kubeconfig(p) => p.clone(),
+        Credentials::Bootstrap(b) => {
+            let own = settings.state_dir.join(identity::KUBECONFIG_FILE);
+            if own.exists() { own } else { b.clone() }
+        }
+    }
+}
+
+/// Reads the client certificate the agent uses.
+pub fn certificate_probe(settings: &Settings) -> CertificateProbe {
+    let path = match &settings.credentials {
+        Credentials::Kubeconfig(p) => p.clone(),
+        Credentials::Bootstrap(bootstrap) => {
+            let own = settings.state_dir.join(identity::KUBECONFIG_FILE);
+            if !own.exists() {
+                return CertificateProbe::NotIssued {
+                    bootstrap: bootstrap.clone(),
+                    bootstrap_exists: bootstrap.exists(),
+                };
+            }
+            own
+        }
+    };
+    let kc = match identity::read_kubeconfig(&path) {
+        Ok(kc) => kc,
+        Err(e) => {
+            return CertificateProbe::Unreadable {
+                path,
+                message: e.to_string(),
+            };
+        }
+    };
+    match identity::embedded_certificate(&kc) {
+        None => CertificateProbe::NoCertificate { path },
+        Some(pem) => match identity::validity(&pem) {
+            Some((not_before, not_after)) => CertificateProbe::Valid {
+                path,
+                not_before,
+                not_after,
+            },
+            None => CertificateProbe::Unreadable {
+                path,
+                message: "client-certificate-data is not a PEM certificate".into(),
+            },
+        },
+    }
+}
+
+/// Host part of a server URL (`https://host:port/...`, IPv6 in brackets).
+pub fn server_host(server: &str) -> Option<(String, u16)> {
+    let uri: hyper::Uri = server.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("http") => 80,
+        _ => 443,
+    });
+    Some((host.to_string(), port))
+}
+
+/// Probes the API server of `kubeconfig`: DNS of its host, then `GET /version` for the
+/// `Date` header (any status, even 401 with an expired certificate, carries it). With `client`,
+/// that client is used (the running agent's); otherwise one is built from the kubeconfig.
+///
+/// # Errors
+/// A message when the kubeconfig has no server.
+pub async fn probe_api(
+    kubeconfig: &Path,
+    client: Option<&kube::Client>,
+) -> Result<ApiProbe, String> {
+    let kc = identity::read_kubeconfig(kubeconfig).map_err(|e| e.to_string())?;
+    let server = kc
+        .clusters
+        .iter()
+        .find_map(|c| c.cluster.as_ref()?.server.clone())
+        .ok_or_else(|| format!("{} names no server", kubeconfig.display()))?;
+    let (host, port) = server_host(&server)
+        .ok_or_else(|| format!("server {server:?} in {} is not a URL", kubeconfig.display()))?;
+    let dns = match tokio::time::timeout(
+        PROBE_TIMEOUT,
+        tokio::net::lookup_host((host.as_str(), port)),
+    )
+    .await
+    {
+        Ok(Ok(addrs)) => {
+            let mut v: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
+            v.dedup();
+            Ok(v)
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
+    };
+    let built;
+    let client = match client {
+        Some(c) => Ok(c),
+        None => match identity::client_from(kc, kubeconfig).await {
+            Ok(c) => {
+                built = c;
+                Ok(&built)
+            }
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    let skew_secs = match client {
+        Ok(c) => server_skew(c).await,
+        Err(e) => Err(e),
+    };
+    Ok(ApiProbe {
+        server,
+        kubeconfig: kubeconfig.to_path_buf(),
+        host,
+        dns,
+        skew_secs,
+    })
+}
+
+/// `server Date − local midpoint` of one `GET /version`, in seconds.
+async fn server_skew(client: &kube::Client) -> Result<f64, String> {
+    let request = hyper::Request::get("/version")
+        .body(kube::client::Body::empty())
+        .map_err(|e| e.to_string())?;
+    let sent = SystemTime::now();
+    let response = match tokio::time::timeout(PROBE_TIMEOUT, client.send(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
+    };
+    let received = SystemTime::now();
+    let date = response
+        .headers()
+        .get(hyper::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .ok_or("the response has no Date header")?;
+    let server = httpdate_secs(date).ok_or_else(|| format!("unreadable Date header {date:?}"))?;
+    let to_secs = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let midpoint = (to_secs(sent) + to_secs(received)) / 2.0;
+    // The Date header truncates to the second: compare with the local time truncated alike
+    // plus half a second.
+    Ok(server as f64 + 0.5 - midpoint)
+}
+
+/// Parses an HTTP `Date` (IMF-fixdate, RFC 9110 §5.6.7, e.g. `Sun, 06 Nov 1994 08:49:37 GMT`)
+/// into seconds since the Unix epoch.
+pub fn httpdate_secs(text: &str) -> Option<i64> {
+    let ts = k8s_openapi::jiff::fmt::rfc2822::parse(text).ok()?;
+    Some(ts.timestamp().as_second())
+}
+
+/// Gathers everything but the API probe and the containerd unit (sync, file reads).
+fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
+    let os = crate::facts::gather(root, settings.host_name.as_deref())
+        .map_err(|e| e.to_string())
+        .and_then(|f| crate::facts::check_supported(&f.host_info).map(|os| os.name.to_string()));
+    let state = crate::state::StateFile::new(&settings.state_dir)
+        .load()
+        .unwrap_or_default();
+    Inputs {
+        os,
+        skip_os_check: settings.skip_os_check,
+        preinstalled: settings.skip_installation,
+        cgroup2: is_cgroup2(&under(root, "/sys/fs/cgroup")),
+        swaps: std::fs::read_to_string(under(root, "/proc/swaps"))
+            .map(|t| parse_swaps(&t))
+            .unwrap_or_default(),
+        missing_modules: missing_modules(root),
+        wrong_sysctls: wrong_sysctls(root),
+        containerd: UnitProbe::Unknown("not asked".into()),
+        busy_ports: busy_ports(),
+        claimed: state.claim.is_some() || state.cleanup.is_some(),
+        api: Err("not probed".into()),
+        certificate: certificate_probe(settings),
+        lease_duration: settings.lease_duration,
+        now: SystemTime::now(),
+    }
+}
+
+/// Runs every check on this host (`root` is `/` except in tests). `client` is the running
+/// agent's API client, if any; `systemd` its D-Bus connection (one is opened when `None`).
+pub async fn run_checks(
+    settings: &Settings,
+    root: &Path,
+    client: Option<&kube::Client>,
+    systemd: Option<&crate::systemd::dbus::SystemdManager>,
+) -> Vec<Check> {
+    use crate::systemd::UnitManager;
+    let mut inputs = local_inputs(settings, root);
+    let connected;
+    let manager = match systemd {
+        Some(m) => Ok(m),
+        None => match crate::systemd::dbus::SystemdManager::connect().await {
+            Ok(m) => {
+                connected = m;
+                Ok(&connected)
+            }
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    inputs.containerd = match manager {
+        Ok(m) => match m.state(CONTAINERD_UNIT).await {
+            Ok(s) => UnitProbe::State(s),
+            Err(e) => UnitProbe::Unknown(e.to_string()),
+        },
+        Err(e) => UnitProbe::Unknown(e),
+    };
+    let kubeconfig = active_kubeconfig(settings);
+    inputs.api = if kubeconfig.exists() {
+        probe_api(&kubeconfig, client).await
+    } else {
+        Err(format!("{} does not exist", kubeconfig.display()))
+    };
+    inputs.now = SystemTime::now();
+    evaluate(&inputs)
+}
