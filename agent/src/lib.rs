@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod facts;
 pub mod fsutil;
 pub mod hostid;
+pub mod hoststatus;
 pub mod hostwork;
 pub mod identity;
 pub mod installer;

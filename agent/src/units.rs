@@ -6,10 +6,9 @@
 use crate::systemd::UnitState;
 use crate::systemd::dbus::SystemdManager;
 use byoh_api::ByoHost;
-use byoh_api::conditions::{self, reasons, types};
+use byoh_api::conditions::{reasons, types};
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use std::time::Duration;
 
 /// The kubelet's unit (`kubelet.service`).
@@ -90,41 +89,29 @@ async fn apply(
     name: &str,
     states: &[Option<UnitState>],
 ) -> Result<(), kube::Error> {
-    let host = hosts.get_status(name).await?;
-    let previous = host.status.map(|s| s.conditions).unwrap_or_default();
-    let mut conds: Vec<Condition> = previous
-        .into_iter()
-        .filter(|c| REPORTED_UNITS.iter().any(|(_, t)| *t == c.type_))
+    let owned: Vec<&str> = REPORTED_UNITS.iter().map(|(_, t)| *t).collect();
+    let reported: Vec<(&str, (bool, &str, String))> = REPORTED_UNITS
+        .iter()
+        .zip(states)
+        .filter_map(|((unit, ctype), state)| {
+            state
+                .as_ref()
+                .map(|state| (*ctype, condition_for(unit, state)))
+        })
         .collect();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    for ((unit, ctype), state) in REPORTED_UNITS.iter().zip(states) {
-        if let Some(state) = state {
-            let (ok, reason, message) = condition_for(unit, state);
-            conditions::set(
-                &mut conds,
-                ctype,
-                ok,
-                reason,
-                &message,
-                host.metadata.generation,
-                now.clone(),
-            );
-        }
-    }
-    let patch = serde_json::json!({
-        "apiVersion": byoh_api::API_VERSION,
-        "kind": "ByoHost",
-        "metadata": { "name": name },
-        "status": { "conditions": conds },
-    });
-    hosts
-        .patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
-        )
-        .await?;
-    Ok(())
+    let updates: Vec<crate::hoststatus::Update> = reported
+        .iter()
+        .map(|(ctype, (ok, reason, message))| (*ctype, *ok, *reason, message.as_str()))
+        .collect();
+    crate::hoststatus::apply_conditions(
+        hosts,
+        name,
+        FIELD_MANAGER,
+        &owned,
+        &updates,
+        serde_json::json!({}),
+    )
+    .await
 }
 
 #[cfg(test)]

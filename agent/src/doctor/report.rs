@@ -46,42 +46,19 @@ pub async fn apply_condition(
     checks: &[Check],
 ) -> Result<(), kube::Error> {
     use byoh_api::ByoHost;
-    use byoh_api::conditions::{self, types};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use kube::api::{Api, Patch, PatchParams};
+    use byoh_api::conditions::types;
+    use kube::api::Api;
     let hosts: Api<ByoHost> = Api::namespaced(client.clone(), namespace);
-    let host = hosts.get_status(name).await?;
-    let mut conds: Vec<_> = host
-        .status
-        .map(|s| s.conditions)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c.type_ == types::PREFLIGHT_CHECKS_PASSED)
-        .collect();
     let (ok, reason, message) = condition_for(checks);
-    conditions::set(
-        &mut conds,
-        types::PREFLIGHT_CHECKS_PASSED,
-        ok,
-        reason,
-        &message,
-        host.metadata.generation,
-        Time(k8s_openapi::jiff::Timestamp::now()),
-    );
-    let patch = serde_json::json!({
-        "apiVersion": byoh_api::API_VERSION,
-        "kind": "ByoHost",
-        "metadata": { "name": name },
-        "status": { "conditions": conds },
-    });
-    hosts
-        .patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(patch),
-        )
-        .await?;
-    Ok(())
+    crate::hoststatus::apply_conditions(
+        &hosts,
+        name,
+        FIELD_MANAGER,
+        &[types::PREFLIGHT_CHECKS_PASSED],
+        &[(types::PREFLIGHT_CHECKS_PASSED, ok, reason, &message)],
+        serde_json::json!({}),
+    )
+    .await
 }
 
 /// `byoh-agent doctor`: loads the configuration at `config` (with the `BYOH_*` environment),
@@ -89,25 +66,9 @@ pub async fn apply_condition(
 /// status: 0 when none fails, [`crate::EXIT_UNSUPPORTED`] (69) when one fails,
 /// [`crate::EXIT_CONFIG`] (78) when the configuration is invalid.
 pub fn cli(json: bool, config: &Path) -> u8 {
-    let settings = match crate::config::load(
-        config,
-        crate::config::Overrides::from_env(|k| std::env::var(k).ok()),
-    ) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("byoh-agent: {e}");
-            return crate::EXIT_CONFIG;
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let (settings, runtime) = match crate::cli::settings_and_runtime(config) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("byoh-agent: starting the tokio runtime: {e}");
-            return crate::EXIT_FAILURE;
-        }
+        Err(status) => return status,
     };
     if !nix::unistd::geteuid().is_root() {
         eprintln!(

@@ -27,10 +27,9 @@ use crate::state::{HostState, Outcome, StateError, StateFile};
 use crate::systemd::{UnitManager, notify};
 use byoh_api::ByoHost;
 use byoh_api::byohost::{ByoHostSpec, HostClaim};
-use byoh_api::conditions::{self, phase, reasons, types};
+use byoh_api::conditions::{phase, reasons, types};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -425,67 +424,35 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         state: &HostState,
         set: &[(&str, bool, &str, &str)],
     ) -> Result<(), WorkError> {
-        // The watched object may be older than this worker's last report: read the conditions
-        // fresh so an earlier report is never undone.
         let hosts: Api<ByoHost> = Api::namespaced(self.client.clone(), &self.settings.namespace);
-        let fresh = hosts
-            .get_status(&self.settings.name)
-            .await
-            .map_err(|source| WorkError::Api {
-                action: "reading the ByoHost status".into(),
-                source,
-            })?;
-        let previous = fresh.status.map(|s| s.conditions).unwrap_or_default();
         let owned = [
             types::READY,
             types::BOOTSTRAP_SUCCEEDED,
             types::CLEANUP_SUCCEEDED,
             types::K8S_COMPONENTS_INSTALLED,
         ];
-        let mut conds: Vec<Condition> = previous
-            .into_iter()
-            .filter(|c| owned.contains(&c.type_.as_str()))
-            .collect();
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        for (t, ok, reason, message) in set {
-            conditions::set(
-                &mut conds,
-                t,
-                *ok,
-                reason,
-                message,
-                host.metadata.generation,
-                now.clone(),
-            );
-        }
         let observed = state
             .claim
             .as_ref()
             .map(|c| c.machine_uid.clone())
             .or_else(|| host.spec.claim.as_ref().map(|c| c.machine_ref.uid.clone()));
-        let patch = serde_json::json!({
-            "apiVersion": byoh_api::API_VERSION,
-            "kind": "ByoHost",
-            "metadata": { "name": self.settings.name },
-            "status": {
+        crate::hoststatus::apply_conditions(
+            &hosts,
+            &self.settings.name,
+            FIELD_MANAGER,
+            &owned,
+            set,
+            serde_json::json!({
                 "phase": phase_,
                 "observedMachineUID": observed,
                 "cleanedMachineUID": state.cleaned_machine_uid,
-                "conditions": conds,
-            },
-        });
-        hosts
-            .patch_status(
-                &self.settings.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(patch),
-            )
-            .await
-            .map_err(|source| WorkError::Api {
-                action: format!("reporting host work ({phase_})"),
-                source,
-            })?;
-        Ok(())
+            }),
+        )
+        .await
+        .map_err(|source| WorkError::Api {
+            action: format!("reporting host work ({phase_})"),
+            source,
+        })
     }
 
     async fn bootstrap_data(&self, claim: &HostClaim) -> Result<Option<BootstrapData>, WorkError> {
