@@ -164,3 +164,39 @@ pub enum CloudConfigCommand {
         format: String,
     },
 }
+
+/// A current-thread tokio runtime for a local subcommand.
+///
+/// # Errors
+/// `starting the tokio runtime: <io error>`.
+pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the tokio runtime: {e}"))
+}
+
+/// What `status` and `doctor` need first: the settings of `config` with the `BYOH_*`
+/// environment, and a [`runtime`].
+///
+/// # Errors
+/// The exit status, after the problem is printed to stderr: [`crate::EXIT_CONFIG`] (78) for an
+/// invalid configuration (every problem listed), [`crate::EXIT_FAILURE`] (1) when the runtime
+/// cannot start.
+pub fn settings_and_runtime(
+    config: &std::path::Path,
+) -> Result<(crate::config::Settings, tokio::runtime::Runtime), u8> {
+    let settings = crate::config::load(
+        config,
+        crate::config::Overrides::from_env(|k| std::env::var(k).ok()),
+    )
+    .map_err(|e| {
+        eprintln!("byoh-agent: {e}");
+        crate::EXIT_CONFIG
+    })?;
+    let runtime = runtime().map_err(|e| {
+        eprintln!("byoh-agent: {e}");
+        crate::EXIT_FAILURE
+    })?;
+    Ok((settings, runtime))
+}

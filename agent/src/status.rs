@@ -521,15 +521,9 @@ pub async fn gather(settings: &crate::config::Settings) -> Result<StatusReport, 
 /// agent never ran with this state directory, 1 when its files are unreadable,
 /// [`crate::EXIT_CONFIG`] (78) when the configuration is invalid.
 pub fn cli(json: bool, config: &Path) -> u8 {
-    let settings = match crate::config::load(
-        config,
-        crate::config::Overrides::from_env(|k| std::env::var(k).ok()),
-    ) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("byoh-agent: {e}");
-            return crate::EXIT_CONFIG;
-        }
+    let (settings, runtime) = match crate::cli::settings_and_runtime(config) {
+        Ok(r) => r,
+        Err(status) => return status,
     };
     if let Err(e) = std::fs::read_dir(&settings.state_dir)
         && e.kind() == std::io::ErrorKind::PermissionDenied
@@ -557,16 +551,6 @@ pub fn cli(json: bool, config: &Path) -> u8 {
         }
         return crate::EXIT_UNSUPPORTED;
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("byoh-agent: starting the tokio runtime: {e}");
-            return crate::EXIT_FAILURE;
-        }
-    };
     match runtime.block_on(gather(&settings)) {
         Ok(r) => {
             if json {

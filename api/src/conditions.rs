@@ -50,6 +50,39 @@ pub fn set(
     }
 }
 
+/// Sets Cluster API's `Paused` condition (the v1beta2 provider contract: every object a
+/// provider reconciles reports it): `True`/`Paused` with `message` when `paused`, else
+/// `False`/`NotPaused` with no message. Returns whether anything changed, as [`set`].
+pub fn set_paused(
+    conditions: &mut Vec<Condition>,
+    paused: bool,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: Time,
+) -> bool {
+    if paused {
+        set(
+            conditions,
+            types::PAUSED,
+            true,
+            reasons::PAUSED,
+            message,
+            observed_generation,
+            now,
+        )
+    } else {
+        set(
+            conditions,
+            types::PAUSED,
+            false,
+            reasons::NOT_PAUSED,
+            "",
+            observed_generation,
+            now,
+        )
+    }
+}
+
 /// Whether condition `type_` is present with status `True`.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions

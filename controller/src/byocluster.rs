@@ -152,28 +152,17 @@ pub async fn reconcile(bc: Arc<ByoCluster>, ctx: Arc<Context>) -> Result<Action,
     let mut status = bc.status.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let generation = bc.meta().generation;
-    if paused {
-        conditions::set(
-            &mut status.conditions,
-            types::PAUSED,
-            true,
-            reasons::PAUSED,
-            "the Cluster or the ByoCluster is paused",
-            generation,
-            now,
-        );
-        apply_status(&api, &name, &status).await?;
-        return Ok(Action::await_change());
-    }
-    conditions::set(
+    conditions::set_paused(
         &mut status.conditions,
-        types::PAUSED,
-        false,
-        reasons::NOT_PAUSED,
-        "",
+        paused,
+        "the Cluster or the ByoCluster is paused",
         generation,
         now.clone(),
     );
+    if paused {
+        apply_status(&api, &name, &status).await?;
+        return Ok(Action::await_change());
+    }
 
     if bc.meta().deletion_timestamp.is_some() {
         let remaining = ByoMachineCount::of(&ctx, &ns, cluster_name(&bc).as_deref()).await?;

@@ -212,10 +212,7 @@ fn apply_cmd(settings: &Settings, file: &Path, format: &str) -> Result<(), Strin
     let host = host_name(settings)?;
     let plan = plan_for(settings, file, &host, format)?;
     crate::logging::init(&settings.log_level);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("starting the tokio runtime: {e}"))?;
+    let runtime = crate::cli::runtime()?;
     let report = runtime
         .block_on(execute(
             &plan,

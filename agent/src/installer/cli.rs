@@ -165,19 +165,12 @@ fn refuse_if_claimed(settings: &Settings, what: &str) -> Result<(), String> {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("starting the tokio runtime: {e}"))
-}
-
 fn install_cmd(settings: &Settings, file: &Path, version: &str) -> Result<(), String> {
     refuse_if_claimed(settings, "install")?;
     let (req, os) = request(settings, file, version)?;
     crate::logging::init(&settings.log_level);
     let mp = manifest_path(settings);
-    let m = runtime()?.block_on(async {
+    let m = crate::cli::runtime()?.block_on(async {
         let units = crate::systemd::dbus::SystemdManager::connect()
             .await
             .map_err(|e| e.to_string())?;
@@ -207,7 +200,7 @@ fn uninstall_cmd(settings: &Settings) -> Result<(), String> {
         );
         return Ok(());
     }
-    runtime()?.block_on(async {
+    crate::cli::runtime()?.block_on(async {
         let units = crate::systemd::dbus::SystemdManager::connect()
             .await
             .map_err(|e| e.to_string())?;

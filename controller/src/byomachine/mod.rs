@@ -200,30 +200,19 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
         || cluster.as_deref().is_some_and(capi::cluster_paused);
     let generation = bm.meta().generation;
     let mut status = bm.status.clone().unwrap_or_default();
+    let changed = conditions::set_paused(
+        &mut status.conditions,
+        paused,
+        "the Cluster or the ByoMachine is paused",
+        generation,
+        Time(now()),
+    );
     if paused {
-        let changed = conditions::set(
-            &mut status.conditions,
-            types::PAUSED,
-            true,
-            reasons::PAUSED,
-            "the Cluster or the ByoMachine is paused",
-            generation,
-            Time(now()),
-        );
         if changed {
             apply_status(&api, &bm, &status).await?;
         }
         return Ok(Action::await_change());
     }
-    conditions::set(
-        &mut status.conditions,
-        types::PAUSED,
-        false,
-        reasons::NOT_PAUSED,
-        "",
-        generation,
-        Time(now()),
-    );
 
     // Deletion is handled here, before `finalizer()`, not in its `Cleanup` branch: the helper
     // removes the finalizer as soon as `Cleanup` returns `Ok`, whatever the `Action`, so a
