@@ -133,6 +133,47 @@ fn unknown_key_names_file_line_and_key() {
 }
 
 #[test]
+fn every_problem_of_one_file_at_once_unknown_key_wrong_type_and_bad_value() {
+    // Issue 20 #6: an unknown key used to hide the invalid values of the same file.
+    let err = load_text(
+        "[agent]\nlog_level = \"loud\"\nbogus_key = 1\n[host]\nskip_installation = \"yes\"\nname = \"Not_A_Name\"\n",
+    )
+    .unwrap_err();
+    let found: Vec<(String, u32)> = err
+        .0
+        .iter()
+        .map(|p| {
+            let line = match &p.origin {
+                Origin::File { line, .. } => *line as u32,
+                other => panic!("{other:?}"),
+            };
+            (p.key.clone(), line)
+        })
+        .collect();
+    for expected in [
+        ("agent.bogus_key", 3),
+        ("host.skip_installation", 5),
+        ("agent.log_level", 2),
+        ("host.name", 6),
+    ] {
+        assert!(
+            found
+                .iter()
+                .any(|(k, l)| k == expected.0 && *l == expected.1),
+            "{expected:?} missing in {err}"
+        );
+    }
+    assert_eq!(found.len(), 4, "{err}");
+}
+
+#[test]
+fn a_value_over_several_lines_with_a_problem_stops_only_its_file() {
+    let err = load_text("[bootstrap]\nignore_modules = [\n  1,\n]\n").unwrap_err();
+    assert_eq!(err.0.len(), 1, "{err}");
+    assert_eq!(err.0[0].key, "bootstrap.ignore_modules[0]", "{err}");
+}
+
+#[test]
 fn unknown_table_and_wrong_type_are_errors() {
     let err = load_text("[hosts]\nname = \"x\"\n").unwrap_err();
     assert!(err.0[0].message.contains("unknown field `hosts`"), "{err}");
