@@ -16,12 +16,23 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Output format of `facts`, `list-supported`, `status` and `doctor`.
+/// Output format of `list-supported`, `status` and `doctor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// YAML (facts) or a table (the others).
+    /// A table for people.
     Text,
     /// JSON.
+    Json,
+}
+
+/// Output format of `facts`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FactsFormat {
+    /// Aligned lines and an interface table for people.
+    Text,
+    /// YAML, the fields as the ByoHost status has them.
+    Yaml,
+    /// JSON, the fields as the ByoHost status has them.
     Json,
 }
 
@@ -46,13 +57,13 @@ pub enum Command {
     /// Print this host's facts (OS, kernel, architecture, CPUs, memory, interfaces).
     Facts {
         /// Output format.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
-        output: Format,
+        #[arg(short, long, value_enum, default_value_t = FactsFormat::Text)]
+        output: FactsFormat,
     },
     /// Print the supported operating systems and architectures, then exit.
     ListSupported {
         /// Output format.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(short, long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Show what the agent on this host is doing, from local files and systemd only (works
@@ -60,7 +71,7 @@ pub enum Command {
     /// preflight. Exit 0, 69 if the agent never ran here, 78 if the configuration is invalid.
     Status {
         /// Output format: a table, or JSON for machines.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(short, long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Run the preflight checks the agent runs before it offers this host (OS, cgroup v2,
@@ -69,7 +80,7 @@ pub enum Command {
     /// configuration is invalid.
     Doctor {
         /// Output format: a table, or JSON for machines.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(short, long, value_enum, default_value_t = Format::Text)]
         output: Format,
     },
     /// Print a generated document (`agent` for docs/agent.md); `make manifests` writes it.

@@ -394,9 +394,108 @@ pub fn check_supported(info: &HostInfo) -> Result<&'static SupportedOs, String> 
     Ok(os)
 }
 
+/// `facts` for people: aligned `name  value` lines, then one line per interface
+/// (`INTERFACE  STATE  MAC  ADDRESSES`). Memory in GiB with the exact bytes.
+pub fn render_text(f: &Facts) -> String {
+    use std::fmt::Write as _;
+    let h = &f.host_info;
+    let mut s = String::new();
+    #[allow(clippy::cast_precision_loss)] // a display value
+    let gib = h.memory_bytes as f64 / f64::from(1u32 << 30);
+    let addresses: Vec<String> = f
+        .addresses
+        .iter()
+        .map(|a| format!("{} {}", a.type_, a.address))
+        .collect();
+    for (name, value) in [
+        ("hostname", h.hostname.clone()),
+        (
+            "os",
+            format!("{} ({} {})", h.os_image, h.os_name, h.os_version),
+        ),
+        ("kernel", h.kernel_version.clone()),
+        ("architecture", h.architecture.clone()),
+        ("cpus", h.cpus.to_string()),
+        ("memory", format!("{gib:.1} GiB ({} bytes)", h.memory_bytes)),
+        (
+            "default route",
+            f.network
+                .default_interface
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        ),
+        ("node addresses", addresses.join(", ")),
+    ] {
+        let _ = writeln!(s, "{name:<16}{value}");
+    }
+    let _ = writeln!(
+        s,
+        "\n{:<16}{:<7}{:<19}ADDRESSES",
+        "INTERFACE", "STATE", "MAC"
+    );
+    for i in &f.network.interfaces {
+        let _ = writeln!(
+            s,
+            "{:<16}{:<7}{:<19}{}",
+            i.name,
+            if i.up { "up" } else { "down" },
+            i.mac_address.as_deref().unwrap_or("-"),
+            if i.addresses.is_empty() {
+                "-".to_string()
+            } else {
+                i.addresses.join(", ")
+            }
+        );
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_output_is_lines_for_people_and_names_every_interface() {
+        let f = Facts {
+            host_info: HostInfo {
+                hostname: "node-1".into(),
+                os_name: "debian".into(),
+                os_version: "12".into(),
+                os_image: "Debian GNU/Linux 12 (bookworm)".into(),
+                kernel_version: "6.1.0".into(),
+                architecture: "arm64".into(),
+                cpus: 4,
+                memory_bytes: 8 << 30,
+            },
+            network: NetworkStatus {
+                default_interface: Some("eth0".into()),
+                interfaces: vec![
+                    NetworkInterface {
+                        name: "eth0".into(),
+                        mac_address: Some("02:00:00:00:00:01".into()),
+                        up: true,
+                        addresses: vec!["10.0.0.5/24".into()],
+                    },
+                    NetworkInterface {
+                        name: "eth1".into(),
+                        mac_address: None,
+                        up: false,
+                        addresses: vec![],
+                    },
+                ],
+            },
+            addresses: vec![MachineAddress {
+                type_: "InternalIP".into(),
+                address: "10.0.0.5".into(),
+            }],
+        };
+        let text = render_text(&f);
+        assert_eq!(
+            text,
+            "hostname        node-1\nos              Debian GNU/Linux 12 (bookworm) (debian 12)\nkernel          6.1.0\narchitecture    arm64\ncpus            4\nmemory          8.0 GiB (8589934592 bytes)\ndefault route   eth0\nnode addresses  InternalIP 10.0.0.5\n\nINTERFACE       STATE  MAC                ADDRESSES\neth0            up     02:00:00:00:00:01  10.0.0.5/24\neth1            down   -                  -\n"
+        );
+        assert!(text.lines().all(|l| l == l.trim_end()), "{text}");
+    }
 
     fn info(id: &str, version: &str, arch: &str) -> HostInfo {
         HostInfo {

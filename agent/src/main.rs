@@ -2,7 +2,7 @@
 //! codes ([`byoh_agent::EXIT_CODES`]: 0 ok, 1 runtime failure, 69 unsupported or unusable host,
 //! 78 invalid configuration).
 
-use byoh_agent::cli::{Cli, Command, Format};
+use byoh_agent::cli::{Cli, Command, FactsFormat, Format};
 use byoh_agent::config::{self, Origin, Overrides, Sourced};
 use byoh_agent::{AgentError, facts};
 use clap::{CommandFactory, Parser};
@@ -125,10 +125,13 @@ fn dispatch(cli: Cli) -> Result<(), AgentError> {
         Command::Facts { output } => {
             let f = facts::gather(Path::new("/"), None)?;
             match output {
-                Format::Json => {
+                FactsFormat::Json => {
                     println!("{}", serde_json::to_string_pretty(&f).unwrap_or_default())
                 }
-                Format::Text => print!("{}", serde_yaml_ng::to_string(&f).unwrap_or_default()),
+                FactsFormat::Yaml => {
+                    print!("{}", serde_yaml_ng::to_string(&f).unwrap_or_default())
+                }
+                FactsFormat::Text => print!("{}", facts::render_text(&f)),
             }
         }
         Command::ListSupported { output } => match output {
