@@ -9,13 +9,23 @@
 //! The site (docs/e2e.md): a management control plane of the test's own; three hosts on the
 //! test network (`tests/hosts/boot --network --containers`: an address and ports of their own,
 //! runc for static pods), prepared as a site prepares its machines ([`machine::prepare`]: the
-//! site's CA trusted, containerd's sandbox image from the site's registry, a bridge CNI
-//! configuration); the control-plane images built from the pinned sources and served by a real
+//! site's CA trusted, IPv4 forwarding, containerd's sandbox image from the site's registry, a
+//! bridge CNI configuration); the control-plane images built from the pinned sources and served by a real
 //! registry (`tests/images/serve`, the cluster's `IMAGE_REPOSITORY`); Kubernetes packages built
 //! from the same binaries in a signed apt repository (the cluster's `BYOH_APT_REPOSITORY`,
 //! `BYOH_APT_KEY_URL`). Declared stand-in: kube-vip's image is not available here, so the test
 //! adds `CONTROL_PLANE_ENDPOINT_IP` to the first control-plane host's interface when that host
 //! is claimed, as kube-vip would; the rendered kube-vip manifest is checked to parse as a Pod.
+//! Declared test-bed adaptations for this machine (cgroup v1, no `CAP_SYS_RESOURCE`): kubeadm's
+//! `SystemVerification` preflight check is added to the generated `ignorePreflightErrors`
+//! ([`skip_system_verification`]), and `tests/hosts/prepare-kubelet` gives the kubelet
+//! `--fail-cgroupv1=false` and wraps runc to drop negative `oom_score_adj` values.
+//!
+//! Asserted: KCP's control-plane Machine gets a ByoHost; the workload API server answers at the
+//! endpoint with the cluster's version (kubeconfig Secret written by KCP); both Nodes Ready;
+//! every Machine has a nodeRef whose Node's providerID is its ByoMachine's; the Cluster's
+//! `Available`, `ControlPlaneAvailable` and `WorkersAvailable` conditions True; two ByoHosts
+//! `Provisioned`.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
 //! journals and the objects' states. Each phase's duration is printed at the end.
@@ -365,8 +375,9 @@ impl Site {
         Ok(String::from_utf8(out.stdout)?)
     }
 
-    /// The workload cluster's admin client, from the `<cluster>-kubeconfig` Secret KCP wrote.
-    async fn workload(&self) -> anyhow::Result<Client> {
+    /// The workload cluster's admin client, from the `<cluster>-kubeconfig` Secret KCP wrote, and
+    /// the server URL of that kubeconfig.
+    async fn workload(&self) -> anyhow::Result<(Client, String)> {
         let secrets: Api<Secret> = Api::namespaced(self.admin.clone(), self.ns.name());
         let s = secrets.get(&format!("{CLUSTER}-kubeconfig")).await?;
         let data = s
@@ -377,7 +388,8 @@ impl Site {
         let config =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await?;
-        Ok(Client::try_from(config)?)
+        let server = config.cluster_url.to_string();
+        Ok((Client::try_from(config)?, server))
     }
 
     /// The host a Machine's ByoMachine claimed, once it has.
@@ -548,13 +560,28 @@ async fn create(site: &Site) -> anyhow::Result<()> {
         "the workload API server at the control-plane endpoint",
         Duration::from_secs(600),
         || async {
-            let Ok(client) = site.workload().await else {
+            let Ok((client, server)) = site.workload().await else {
                 return Ok(None);
             };
-            Ok(client.apiserver_version().await.ok().map(|_| client))
+            Ok(client
+                .apiserver_version()
+                .await
+                .ok()
+                .map(|v| (client, server, v)))
         },
     )
     .await?;
+    let (workload, server, version) = workload;
+    let want = format!("https://{}:6443", endpoint_ip());
+    ensure!(
+        server.trim_end_matches('/') == want,
+        "the workload kubeconfig's server is {server}, not the endpoint {want}"
+    );
+    ensure!(
+        version.git_version == KUBERNETES_VERSION,
+        "the workload API server is {}, not {KUBERNETES_VERSION}",
+        version.git_version
+    );
     site.phases
         .done("kubeadm init on the host: workload API server answers");
     let manifest = cp_host
