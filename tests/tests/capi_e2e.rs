@@ -668,6 +668,17 @@ async fn create(site: &Site) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[test]
+fn system_verification_is_skipped_next_to_swap_in_each_list() {
+    let yaml = "a:\n  ignorePreflightErrors:\n  - Swap\n  - X\nb:\n    ignorePreflightErrors:\n    - Swap\nc:\n      - Swap\n";
+    let out = skip_system_verification(yaml).unwrap();
+    assert_eq!(
+        out,
+        "a:\n  ignorePreflightErrors:\n  - Swap\n  - SystemVerification\n  - X\nb:\n    ignorePreflightErrors:\n    - Swap\n    - SystemVerification\nc:\n      - Swap\n      - SystemVerification\n"
+    );
+    assert!(skip_system_verification("a:\n  - Swap\n").is_err());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_api_makes_a_cluster_with_a_control_plane_on_byoh_hosts() {
     if !hosts::available() {
