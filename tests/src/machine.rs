@@ -17,6 +17,9 @@ use anyhow::Context as _;
 /// the claim (a host's own file), and `kubeadm reset` does not remove CNI configuration.
 pub const CNI_CONFIG: &str = "/etc/cni/net.d/10-byoh-test-bridge.conflist";
 
+/// The sysctl settings Kubernetes asks of a machine (IPv4 forwarding).
+pub const SYSCTL_CONFIG: &str = "/etc/sysctl.d/90-byoh-test-kubernetes.conf";
+
 /// The pod subnet of a host at `address` on the test network: `192.168.<last octet>.0/24`.
 pub fn pod_subnet(address: std::net::Ipv4Addr) -> String {
     format!("192.168.{}.0/24", address.octets()[3])
@@ -65,6 +68,11 @@ pub async fn prepare(host: &Host, ca_pems: &[String], sandbox_image: &str) -> an
         .await?;
     }
     host.run(&["update-ca-certificates"]).await?;
+    // Kubernetes' documented host prerequisite (kubeadm's preflight checks it): IPv4 forwarding,
+    // set in the host's own network namespace (`--network`), kept across its reboots.
+    host.write_file(SYSCTL_CONFIG, b"net.ipv4.ip_forward = 1\n", 0o644)
+        .await?;
+    host.run(&["sysctl", "-q", "-p", SYSCTL_CONFIG]).await?;
     // Debian's /etc/containerd/config.toml (version 2) has a `[plugins."io.containerd.grpc.v1.cri"]`
     // table: the setting goes into it.
     let set_sandbox = format!(
