@@ -49,6 +49,23 @@ pub enum IdentityError {
         /// What went wrong.
         message: String,
     },
+    /// The credential the configuration names (`[cluster] bootstrap_kubeconfig`, or
+    /// `kubeconfig`) cannot be read: a configuration problem, so `run` exits 78 and systemd does
+    /// not restart it (a restart cannot help until the file is there).
+    #[error(
+        "{what} {} cannot be read: {source}; the agent needs it to {purpose}. Put it there (mode 0600; docs/getting_started.md, \"A bootstrap kubeconfig for the hosts\"), then: systemctl restart byoh-agent",
+        path.display()
+    )]
+    MissingCredential {
+        /// `the bootstrap kubeconfig` or `the kubeconfig`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What it is needed for.
+        purpose: &'static str,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
     /// Key or CSR generation failed.
     #[error("generating the host key or CSR: {0}")]
     Crypto(String),
@@ -120,6 +137,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IdentityError + '_ {
 /// [`IdentityError::Kubeconfig`] if it cannot be read or parsed; see `kubeconfig_problem`
 /// for what the message holds.
 pub fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, IdentityError> {
+    // kube's own message for an unreadable file quotes the path twice; say it plainly.
+    if let Err(e) = std::fs::File::open(path) {
+        return Err(IdentityError::Kubeconfig {
+            path: path.into(),
+            message: format!("cannot be read: {e}"),
+        });
+    }
     Kubeconfig::read_from(path).map_err(|e| IdentityError::Kubeconfig {
         path: path.into(),
         message: kubeconfig_problem(&e),
@@ -144,6 +168,28 @@ fn kubeconfig_problem(e: &kube::config::KubeconfigError) -> String {
         },
         other => other.to_string(),
     }
+}
+
+/// Reads the kubeconfig the configuration names as the agent's credential: `what` is
+/// `the bootstrap kubeconfig` or `the kubeconfig`, `purpose` what the agent needs it for.
+///
+/// # Errors
+/// [`IdentityError::MissingCredential`] when the file cannot be opened (absent, unreadable),
+/// else as [`read_kubeconfig`].
+pub fn read_credential(
+    path: &Path,
+    what: &'static str,
+    purpose: &'static str,
+) -> Result<Kubeconfig, IdentityError> {
+    if let Err(source) = std::fs::File::open(path) {
+        return Err(IdentityError::MissingCredential {
+            what,
+            path: path.into(),
+            purpose,
+            source,
+        });
+    }
+    read_kubeconfig(path)
 }
 
 /// Builds a client from a kubeconfig (its current context).
@@ -238,7 +284,11 @@ pub async fn ensure(
         }
         tracing::warn!(path = %paths.kubeconfig.display(), "host certificate expired or unreadable; bootstrapping a new one");
     }
-    let bootstrap_kc = read_kubeconfig(bootstrap)?;
+    let bootstrap_kc = read_credential(
+        bootstrap,
+        "the bootstrap kubeconfig",
+        "obtain its host identity the first time",
+    )?;
     let client = client_from(bootstrap_kc.clone(), bootstrap).await?;
     request_certificate(
         &client,

@@ -111,12 +111,17 @@ pub enum AgentError {
 
 impl AgentError {
     /// Exit status: 78 for configuration problems (including a hostname that needs
-    /// `[host] name`), 69 for an unsupported host, a host without a machine ID or a clone of a
+    /// `[host] name` and a credential file that cannot be read), 69 for an unsupported host, a host without a machine ID or a clone of a
     /// registered host (a restart cannot help; systemd does not restart on it), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             AgentError::Config(_)
             | AgentError::Facts(facts::FactsError::InvalidHostname { .. }) => EXIT_CONFIG,
+            AgentError::Identity(e)
+                if matches!(**e, identity::IdentityError::MissingCredential { .. }) =>
+            {
+                EXIT_CONFIG
+            }
             AgentError::Unsupported(_) | AgentError::HostId(_) | AgentError::CloneRefused(_) => {
                 EXIT_UNSUPPORTED
             }

@@ -38,6 +38,8 @@ fn main() -> ExitCode {
             // Before logging is set up (and under systemd, stderr goes to the journal too).
             eprintln!("byoh-agent: {e}");
             tracing::error!("{e}");
+            // `systemctl status` shows the last status text: make it the reason, not the step.
+            byoh_agent::systemd::notify::status(&format!("Stopped: {e}"));
             ExitCode::from(e.exit_code())
         }
     }

@@ -129,7 +129,8 @@ async fn obtain_client(
 ) -> Result<kube::Client, AgentError> {
     match &settings.credentials {
         Credentials::Kubeconfig(path) => {
-            Ok(identity::client_from(identity::read_kubeconfig(path)?, path).await?)
+            let kc = identity::read_credential(path, "the kubeconfig", "reach the cluster")?;
+            Ok(identity::client_from(kc, path).await?)
         }
         Credentials::Bootstrap(bootstrap) => {
             let mut on_wait = |csr: &str| {

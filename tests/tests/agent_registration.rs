@@ -248,6 +248,54 @@ async fn unknown_config_key_fails_with_78_and_no_restart_loop() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn missing_bootstrap_kubeconfig_fails_with_78_one_clear_message_and_no_restart_loop() {
+    // Issue 20 #5: following the README on a fresh host without the bootstrap kubeconfig, the
+    // agent exited 1 with a doubly quoted path and systemd restarted it every 5 s.
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "agent-nocred")
+        .await
+        .unwrap();
+    let host = Host::boot("agent-nocred").await.unwrap();
+    agent::install_agent(&host, &config(ns.name(), ""), None)
+        .await
+        .unwrap();
+    let out = host
+        .exec(&["systemctl", "enable", "--now", "byoh-agent"])
+        .await
+        .unwrap();
+    assert!(!out.success(), "start must fail");
+    // RestartSec is 5 s: wait past it and check nothing restarted.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let shown = unit(&host, "ActiveState,ExecMainStatus,NRestarts,StatusText").await;
+    for expected in [
+        "ActiveState=failed",
+        "ExecMainStatus=78",
+        "NRestarts=0",
+        "StatusText=Stopped: the bootstrap kubeconfig /etc/byoh/bootstrap-kubeconfig cannot be read",
+    ] {
+        assert!(shown.contains(expected), "{expected} not in {shown}");
+    }
+    let messages = host
+        .journal_messages("byoh-agent")
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        messages.contains("the bootstrap kubeconfig /etc/byoh/bootstrap-kubeconfig cannot be read: No such file or directory")
+            && messages.contains("systemctl restart byoh-agent"),
+        "{messages}"
+    );
+    assert!(!messages.contains("'\""), "path quoted twice: {messages}");
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn unsupported_os_exits_69_before_any_contact_with_the_cluster() {
     let Some(client) = control_plane::client().await else {
         return;
