@@ -70,7 +70,7 @@ pub enum IdentityError {
     #[error("generating the host key or CSR: {0}")]
     Crypto(String),
     /// The API server refused or failed a request.
-    #[error("{action}: {source}")]
+    #[error("{action}: {}", byoh_api::apierror::line(source))]
     Api {
         /// What was being done.
         action: String,

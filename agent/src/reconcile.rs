@@ -5,7 +5,7 @@
 use crate::config::{Credentials, Settings};
 use crate::doctor::{self, Check, Severity};
 use crate::facts::{self, Facts};
-use crate::hostwork::{HostWorker, WorkSettings};
+use crate::hostwork::{HostWorker, WorkError, WorkSettings};
 use crate::identity::{self, IdentityPaths};
 use crate::registration::{self, Registration};
 use crate::status::{ObservedClaim, RuntimeRecorder, RuntimeStatus, now_rfc3339};
@@ -244,7 +244,14 @@ async fn register(
                     "Registration failed ({e}); retrying in {}s",
                     delay.as_secs()
                 ));
-                tracing::warn!("registration failed: {e}; retrying");
+                if awaiting_grant(byoh_api::apierror::is_forbidden(&e.source), delay) {
+                    tracing::info!(
+                        "waiting for the controller to grant this host access to its ByoHost and Lease ({e}); retrying in {}s",
+                        delay.as_secs()
+                    );
+                } else {
+                    tracing::warn!("registration failed: {e}; retrying");
+                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
@@ -276,6 +283,14 @@ impl Drop for AbortOnDrop {
 /// How often host work runs again without a change of the ByoHost (level-triggered safety net).
 pub const WORK_RESYNC: Duration = Duration::from_secs(30);
 
+/// Whether a failed round is the normal wait for the controller's per-host grants (a 403 in
+/// the first rounds: the controller grants a host access to its ByoHost, Lease and a claim's
+/// bootstrap Secret only after they exist), logged at info; a 403 that lasts past a retry
+/// delay of 8 s (about 15 s of waiting) is a problem and warned about.
+fn awaiting_grant(forbidden: bool, delay: Duration) -> bool {
+    forbidden && delay <= Duration::from_secs(8)
+}
+
 /// Runs host work on every change of the ByoHost, again every [`WORK_RESYNC`], and retries
 /// failed rounds with backoff (1 s doubling to 30 s).
 async fn work_loop(
@@ -294,10 +309,18 @@ async fn work_loop(
                 }
                 Err(e) => {
                     metrics.host_work_failures.inc();
-                    tracing::warn!(
-                        retry_in_secs = delay.as_secs(),
-                        "host work failed: {e}; retrying"
-                    );
+                    let forbidden = matches!(&e, WorkError::Api { source, .. } if byoh_api::apierror::is_forbidden(source));
+                    if awaiting_grant(forbidden, delay) {
+                        tracing::info!(
+                            retry_in_secs = delay.as_secs(),
+                            "waiting for the controller to grant this host access for its claim ({e}); retrying"
+                        );
+                    } else {
+                        tracing::warn!(
+                            retry_in_secs = delay.as_secs(),
+                            "host work failed: {e}; retrying"
+                        );
+                    }
                     let d = delay;
                     delay = (delay * 2).min(Duration::from_secs(30));
                     d
@@ -549,7 +572,10 @@ async fn report_preflight(
     {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            tracing::warn!("reporting the preflight checks failed: {e}; will retry");
+            tracing::warn!(
+                "reporting the preflight checks failed: {}; will retry",
+                byoh_api::apierror::line(&e)
+            );
             false
         }
         Err(_) => {

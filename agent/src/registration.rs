@@ -17,7 +17,10 @@ pub const FIELD_MANAGER: &str = "byoh-agent";
 
 /// Errors talking to the API server about the host's objects.
 #[derive(Debug, thiserror::Error)]
-#[error("{action} {kind} {namespace}/{name}: {source}")]
+#[error(
+    "{action} {kind} {namespace}/{name}: {}",
+    byoh_api::apierror::line(source)
+)]
 pub struct RegistrationError {
     /// What was being done (`creating`, `applying status of`, `renewing`).
     pub action: &'static str,

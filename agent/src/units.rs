@@ -72,7 +72,8 @@ pub async fn report_loop(
             let mut delay = Duration::from_secs(1);
             while let Err(e) = apply(&hosts, &name, &last).await {
                 tracing::warn!(
-                    "reporting unit conditions failed: {e}; retrying in {}s",
+                    "reporting unit conditions failed: {}; retrying in {}s",
+                    byoh_api::apierror::line(&e),
                     delay.as_secs()
                 );
                 tokio::time::sleep(delay).await;

@@ -7,6 +7,7 @@
 //!
 //! This crate holds types and names only; it does no I/O.
 
+pub mod apierror;
 pub mod bootstrapkubeconfig;
 pub mod byocluster;
 pub mod byohost;

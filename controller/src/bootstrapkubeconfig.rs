@@ -152,7 +152,7 @@ pub fn plan(bk: &BootstrapKubeconfig, now: Timestamp) -> Plan {
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapKubeconfigError {
     /// An API call failed.
-    #[error("{action}: {source}")]
+    #[error("{action}: {}", byoh_api::apierror::line(source))]
     Api {
         /// What was being done, naming the object.
         action: String,
@@ -466,7 +466,7 @@ pub async fn run(client: kube::Client, opts: BootstrapKubeconfigOptions) -> anyh
         None => Api::<BootstrapKubeconfig>::all(client.clone()),
     };
     let ctx = Arc::new(Ctx { client });
-    tracing::info!(namespace = ?opts.namespace, "starting the BootstrapKubeconfig reconciler");
+    tracing::info!(namespace = %opts.namespace.as_deref().unwrap_or("(all)"), "starting the BootstrapKubeconfig reconciler");
     Controller::new(api, watcher::Config::default())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

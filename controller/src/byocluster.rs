@@ -118,7 +118,7 @@ pub fn cluster_name(bc: &ByoCluster) -> Option<String> {
 /// are API failures that usually pass quickly).
 pub fn error_policy(bc: Arc<ByoCluster>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed(NAME, error.metric_label());
-    tracing::warn!(byocluster = %bc.name_any(), namespace = ?bc.namespace(), %error, "reconcile failed");
+    tracing::warn!(byocluster = %bc.name_any(), namespace = %bc.namespace().unwrap_or_default(), %error, "reconcile failed");
     Action::requeue(Duration::from_secs(5))
 }
 

@@ -5,7 +5,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A request to the API server failed.
-    #[error("{action}: {source}")]
+    #[error("{action}: {}", byoh_api::apierror::line(source))]
     Kube {
         /// What was being done, to which object.
         action: String,

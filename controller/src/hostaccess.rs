@@ -242,7 +242,10 @@ pub fn group_binding(role: &str, group: &str) -> ClusterRoleBinding {
 #[derive(Debug, thiserror::Error)]
 pub enum HostAccessError {
     /// Writing or deleting a Role or RoleBinding failed.
-    #[error("writing {kind} {namespace}/{name}: {source}")]
+    #[error(
+        "writing {kind} {namespace}/{name}: {}",
+        byoh_api::apierror::line(source)
+    )]
     Api {
         /// `Role` or `RoleBinding`.
         kind: &'static str,
@@ -435,7 +438,7 @@ async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAcce
         wrote = true;
     }
     if wrote {
-        tracing::debug!(byoh_host = %host.name_any(), namespace = ?host.namespace(), "host access applied");
+        tracing::debug!(byoh_host = %host.name_any(), namespace = %host.namespace().unwrap_or_default(), "host access applied");
     }
     Ok(Action::await_change())
 }
@@ -518,7 +521,7 @@ pub async fn run_shared(
         roles_ready,
         bindings_ready,
     });
-    tracing::info!(namespace = ?opts.namespace, "starting the host access reconciler");
+    tracing::info!(namespace = %opts.namespace.as_deref().unwrap_or("(all)"), "starting the host access reconciler");
     let controller = Controller::for_shared_stream(host_events, hosts)
         .with_config(Config::default().concurrency(CONCURRENCY))
         .reconcile_on(role_events.filter_map(|r| futures::future::ready(owner_host(r))))

@@ -24,6 +24,8 @@ fn main() -> anyhow::Result<()> {
 /// `KUBECONFIG`), and the controller until SIGTERM or SIGINT.
 fn run(args: byoh_controller::cli::RunArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        // Colour only on a terminal: a Pod's log or a file gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -218,7 +218,7 @@ pub enum WorkError {
     #[error(transparent)]
     State(#[from] StateError),
     /// An API call failed.
-    #[error("{action}: {source}")]
+    #[error("{action}: {}", byoh_api::apierror::line(source))]
     Api {
         /// What was being done.
         action: String,

@@ -115,7 +115,7 @@ fn owner_machine_ref(bm: &ByoMachine) -> Option<MachineReference> {
 /// Requeue on errors after a short delay.
 pub fn error_policy(bm: Arc<ByoMachine>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed(NAME, error.metric_label());
-    tracing::warn!(byomachine = %bm.name_any(), namespace = ?bm.namespace(), %error, "reconcile failed");
+    tracing::warn!(byomachine = %bm.name_any(), namespace = %bm.namespace().unwrap_or_default(), %error, "reconcile failed");
     Action::requeue(Duration::from_millis(500 + rand::random_range(0..1500)))
 }
 

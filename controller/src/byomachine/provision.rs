@@ -117,7 +117,7 @@ pub(super) async fn provision(
                 ctx.metrics
                     .claim_duration
                     .observe(ready_since.elapsed().as_secs_f64());
-                tracing::info!(byomachine = %n.name, namespace = %n.ns, host = ?h.metadata.name, "claimed host");
+                tracing::info!(byomachine = %n.name, namespace = %n.ns, host = %h.name_any(), "claimed host");
                 host = Some(h);
             }
             Claimed::NoneEligible(why) => {

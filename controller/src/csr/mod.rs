@@ -100,7 +100,7 @@ pub struct CsrOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum CsrError {
     /// The approval or an Event could not be written.
-    #[error("{action} for CSR {name}: {source}")]
+    #[error("{action} for CSR {name}: {}", byoh_api::apierror::line(source))]
     Api {
         /// What was being done.
         action: &'static str,
