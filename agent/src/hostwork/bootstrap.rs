@@ -39,6 +39,13 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .filter(|d| under(&self.settings.root, Path::new(d)).exists())
                     .map(PathBuf::from)
                     .collect(),
+                network_before: super::probe::network(&self.settings.root)
+                    .inspect_err(|e| {
+                        tracing::warn!(
+                            "reading the host's interfaces before the claim: {e}; the clean-up will not check for interfaces and addresses the claim added"
+                        )
+                    })
+                    .ok(),
             });
             self.save(state)?;
             tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");

@@ -306,6 +306,8 @@ struct BootstrapData {
 
 mod bootstrap;
 mod cleanup;
+pub mod leftovers;
+mod probe;
 pub mod reset;
 mod restore;
 mod runcmd;
