@@ -182,6 +182,10 @@ pub struct NetworkSnapshot {
     pub links: Vec<String>,
     /// IPv4 addresses and permanent IPv6 addresses that are not link-local, sorted.
     pub addresses: Vec<HostAddress>,
+    /// The KUBE-/CNI- chains of `iptables-save` and `ip6tables-save`, as `TOOL TABLE CHAIN`
+    /// (`None`: not listed, e.g. no iptables on the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chains: Option<Vec<String>>,
 }
 
 /// The clean-up in progress.
@@ -400,6 +404,7 @@ mod tests {
                 dev: "host0".into(),
                 cidr: "198.18.0.10/24".into(),
             }],
+            chains: Some(vec!["iptables nat KUBE-SERVICES".into()]),
         });
         let json = serde_json::to_string(&c).unwrap();
         assert!(json.contains("\"networkBefore\""), "{json}");

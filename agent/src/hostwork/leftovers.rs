@@ -213,34 +213,96 @@ pub fn network_leftovers(before: &NetworkSnapshot, now: &NetworkSnapshot) -> Vec
     left
 }
 
+/// The `TOOL TABLE CHAIN` key of a chain, as [`NetworkSnapshot::chains`] holds it.
+pub fn chain_key(tool: &str, table: &str, chain: &str) -> String {
+    format!("{tool} {table} {chain}")
+}
+
+/// The KUBE-/CNI- chains of `tool`'s `tables` as keys ([`chain_key`]).
+pub fn chain_keys(tool: &str, tables: &[SavedTable]) -> Vec<String> {
+    tables
+        .iter()
+        .flat_map(|t| {
+            t.chains
+                .iter()
+                .filter(|c| is_claim_chain(c))
+                .map(|c| chain_key(tool, &t.name, c))
+        })
+        .collect()
+}
+
+/// The KUBE-/CNI- chains of table `t` that were not there before the claim (all of them when
+/// `before` is `None`: not recorded).
+fn new_chains(tool: &str, t: &SavedTable, before: Option<&BTreeSet<String>>) -> Vec<String> {
+    t.chains
+        .iter()
+        .filter(|c| is_claim_chain(c))
+        .filter(|c| before.is_none_or(|b| !b.contains(&chain_key(tool, &t.name, c))))
+        .cloned()
+        .collect()
+}
+
+/// The rules of table `t` outside `chains` that jump (`-j`/`-g`) into one of them.
+fn jumps_into(t: &SavedTable, chains: &[String]) -> Vec<String> {
+    t.rules
+        .iter()
+        .filter(|r| {
+            let w: Vec<&str> = r.split_whitespace().collect();
+            !w.first()
+                .is_some_and(|from| chains.iter().any(|c| c == from))
+                && w.windows(2)
+                    .any(|p| matches!(p[0], "-j" | "-g") && chains.iter().any(|c| c == p[1]))
+        })
+        .cloned()
+        .collect()
+}
+
+/// An `iptables-restore --noflush` input that removes the KUBE-/CNI- chains created during the
+/// claim (those not in `before`): per table, the rules jumping into them from other chains are
+/// deleted, then each is flushed and deleted. `None` when there is nothing to remove.
+pub fn removal_script(
+    tool: &str,
+    tables: &[SavedTable],
+    before: &BTreeSet<String>,
+) -> Option<String> {
+    let mut script = String::new();
+    for t in tables {
+        let chains = new_chains(tool, t, Some(before));
+        if chains.is_empty() {
+            continue;
+        }
+        script.push_str(&format!("*{}\n", t.name));
+        for r in jumps_into(t, &chains) {
+            script.push_str(&format!("-D {r}\n"));
+        }
+        for c in &chains {
+            script.push_str(&format!("-F {c}\n"));
+        }
+        for c in &chains {
+            script.push_str(&format!("-X {c}\n"));
+        }
+        script.push_str("COMMIT\n");
+    }
+    (!script.is_empty()).then_some(script)
+}
+
 /// One line per table of `tool` (`iptables` or `ip6tables`) holding KUBE-/CNI- chains, with
 /// the commands that delete the rules jumping to them from other chains, then flush and delete
 /// them.
-pub fn iptables_leftovers(tool: &str, tables: &[SavedTable]) -> Vec<String> {
+pub fn iptables_leftovers(
+    tool: &str,
+    tables: &[SavedTable],
+    before: Option<&BTreeSet<String>>,
+) -> Vec<String> {
     let mut left = Vec::new();
     for t in tables {
-        let chains: Vec<String> = t
-            .chains
-            .iter()
-            .filter(|c| is_claim_chain(c))
-            .cloned()
-            .collect();
+        let chains = new_chains(tool, t, before);
         if chains.is_empty() {
             continue;
         }
         let table = &t.name;
-        let mut fix: Vec<String> = t
-            .rules
+        let mut fix: Vec<String> = jumps_into(t, &chains)
             .iter()
-            .filter(|r| {
-                let mut w = r.split_whitespace();
-                let from = w.next().unwrap_or_default();
-                !is_claim_chain(from)
-                    && r.split_whitespace()
-                        .collect::<Vec<_>>()
-                        .windows(2)
-                        .any(|p| matches!(p[0], "-j" | "-g") && is_claim_chain(p[1]))
-            })
             .map(|r| format!("{tool} -t {table} -D {r}"))
             .collect();
         if chains.len() <= LIST_AT_MOST {
@@ -328,19 +390,23 @@ pub fn container_leftovers(tool: ContainerTool, ids: &[String]) -> Vec<String> {
 }
 
 /// Everything [`HostNow`] shows left by the claim, given the network when it began (`None`:
-/// not recorded, so no interface or address is reported).
+/// not recorded, so no interface or address is reported; KUBE-/CNI- chains are reported when
+/// they were not there before the claim, or all of them when that was not recorded).
 pub fn decide(before: Option<&NetworkSnapshot>, now: &HostNow) -> Vec<String> {
     let mut left = Vec::new();
     if let (Some(b), Some(n)) = (before, &now.network) {
         left.extend(network_leftovers(b, n));
     }
+    let chains_before: Option<BTreeSet<String>> = before
+        .and_then(|b| b.chains.as_ref())
+        .map(|c| c.iter().cloned().collect());
     let mut already = BTreeSet::new();
     for (tool, family, tables) in [
         ("iptables", "ip", &now.iptables),
         ("ip6tables", "ip6", &now.ip6tables),
     ] {
         if let Some(tables) = tables {
-            left.extend(iptables_leftovers(tool, tables));
+            left.extend(iptables_leftovers(tool, tables, chains_before.as_ref()));
             for t in tables {
                 for c in &t.chains {
                     already.insert((family.to_string(), t.name.clone(), c.clone()));

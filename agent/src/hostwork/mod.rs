@@ -117,7 +117,8 @@ pub enum CleanupStep {
     RemoveFiles,
     /// Revert the install manifest.
     Uninstall,
-    /// Prove the host clean ([`verify`]); a host that is not stays out of the pool.
+    /// Prove the host clean ([`verify`]; the iptables chains the claim created are removed
+    /// first); a host that is not stays out of the pool.
     Verify,
 }
 

@@ -3,7 +3,9 @@
 //! permanent address from an autoconfigured one), and, through the [`CommandRunner`], the output
 //! of `iptables-save`, `ip6tables-save`, `nft list ruleset` and `ctr -n k8s.io containers ls -q`
 //! (or `crictl ps -a -q`) when those tools exist. A tool that is missing or fails is skipped
-//! (logged): its absence is not a leftover.
+//! (logged): its absence is not a leftover. It also removes the KUBE-/CNI- iptables chains the
+//! claim created ([`remove_claim_chains`]): the kubelet's own (`KUBE-FIREWALL`,
+//! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) and kube-proxy's, which `kubeadm reset` leaves.
 
 use super::leftovers::{self, ContainerTool, HostNow};
 use crate::cloudinit::{CommandRunner, RawCommand, stderr_tail};
@@ -12,6 +14,8 @@ use crate::state::{HostAddress, NetworkSnapshot};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The iptables tools whose chains are listed (`TOOL-save`) and removed (`TOOL-restore`).
+const IPTABLES: [&str; 2] = ["iptables", "ip6tables"];
 /// How long one listing command may take.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Directories searched for the tools, in order.
@@ -62,7 +66,78 @@ pub fn network(root: &Path) -> std::io::Result<NetworkSnapshot> {
     }
     addresses.sort();
     addresses.dedup();
-    Ok(NetworkSnapshot { links, addresses })
+    Ok(NetworkSnapshot {
+        links,
+        addresses,
+        chains: None,
+    })
+}
+
+/// The KUBE-/CNI- chains of `iptables-save` and `ip6tables-save` as `TOOL TABLE CHAIN` keys;
+/// `None` when neither tool gave a listing.
+pub async fn chains(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Option<Vec<String>> {
+    let mut keys = None;
+    for tool in IPTABLES {
+        if let Some(t) = tool_output(runner, root, scratch, &format!("{tool}-save"), &[]).await {
+            keys.get_or_insert_with(Vec::new)
+                .extend(leftovers::chain_keys(
+                    tool,
+                    &leftovers::parse_iptables_save(&t),
+                ));
+        }
+    }
+    keys
+}
+
+/// Removes the KUBE-/CNI- chains of iptables and ip6tables that were not there when the claim
+/// began (`before`; nothing when it was not recorded): the rules jumping into them, then the
+/// chains, with one `TOOL-restore --noflush` per tool. Failures are logged; `verify` then
+/// reports what is left.
+pub async fn remove_claim_chains(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+    before: &NetworkSnapshot,
+) {
+    let Some(before) = &before.chains else {
+        return;
+    };
+    let before: std::collections::BTreeSet<String> = before.iter().cloned().collect();
+    for tool in IPTABLES {
+        let Some(saved) = tool_output(runner, root, scratch, &format!("{tool}-save"), &[]).await
+        else {
+            continue;
+        };
+        let tables = leftovers::parse_iptables_save(&saved);
+        let Some(script) = leftovers::removal_script(tool, &tables, &before) else {
+            continue;
+        };
+        let Some(restore) = find_tool(root, &format!("{tool}-restore")) else {
+            continue;
+        };
+        let file = scratch.join(".verify-restore");
+        if let Err(e) = std::fs::write(&file, &script) {
+            tracing::warn!("verify: writing {}: {e}", file.display());
+            continue;
+        }
+        let argv = vec![restore, "--noflush".into(), file.display().to_string()];
+        let done = output(runner, scratch, &argv).await.is_some();
+        let _ = std::fs::remove_file(&file);
+        if done {
+            let removed: Vec<&str> = script
+                .lines()
+                .filter_map(|l| l.strip_prefix("-X "))
+                .collect();
+            tracing::info!(
+                "verify: removed the {tool} chains the claim created: {}",
+                removed.join(", ")
+            );
+        }
+    }
 }
 
 fn find_tool(root: &Path, name: &str) -> Option<String> {

@@ -13,7 +13,9 @@
 //! claim to an interface that existed before it (kube-vip's control-plane endpoint), KUBE-/CNI-
 //! chains in `iptables-save`, `ip6tables-save` and `nft list ruleset` (tools that are absent are
 //! skipped), and containers in containerd's `k8s.io` namespace (`ctr`, else `crictl`). They are
-//! reported with their fix, never removed by the agent.
+//! reported with their fix; only the iptables chains that were not there when the claim began
+//! (the kubelet's and kube-proxy's, which `kubeadm reset` leaves on every host) are removed by
+//! the agent first, with the rules jumping into them.
 
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
@@ -82,6 +84,9 @@ pub async fn leftovers(
     let etc = Path::new("/etc/kubernetes");
     if !preexisting_dirs.iter().any(|d| d == etc) && under(root, etc).exists() {
         left.push("/etc/kubernetes is still there: remove it".into());
+    }
+    if let Some(before) = claim.network_before {
+        super::probe::remove_claim_chains(root, runner, claim.scratch, before).await;
     }
     let now = super::probe::host_now(root, runner, claim.scratch).await;
     left.extend(super::leftovers::decide(claim.network_before, &now));

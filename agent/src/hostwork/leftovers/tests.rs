@@ -11,6 +11,7 @@ fn net(links: &[&str], addresses: &[(&str, &str)]) -> NetworkSnapshot {
     NetworkSnapshot {
         links: links.iter().map(|s| s.to_string()).collect(),
         addresses: addresses.iter().map(|(d, c)| addr(d, c)).collect(),
+        chains: None,
     }
 }
 
@@ -111,6 +112,13 @@ fn decide_table() {
         &[("lo", "127.0.0.1/8"), ("host0", "198.18.0.10/24")],
     );
     let had_cni0 = net(&["lo", "cni0"], &[]);
+    let chains_before = NetworkSnapshot {
+        chains: Some(vec![
+            "iptables nat KUBE-SERVICES".into(),
+            "iptables nat KUBE-POSTROUTING".into(),
+        ]),
+        ..before.clone()
+    };
     let nat = parse_iptables_save(SAVE);
     let cases: Vec<(&str, Option<&NetworkSnapshot>, HostNow, Vec<&str>)> = vec![
         (
@@ -209,6 +217,18 @@ fn decide_table() {
             ],
         ),
         (
+            "chains that were there before the claim are not the claim's",
+            Some(&chains_before),
+            HostNow {
+                network: Some(before.clone()),
+                iptables: Some(nat.clone()),
+                ..Default::default()
+            },
+            vec![
+                "iptables chains of kube-proxy or a CNI plugin are left in table nat: CNI-abc123: iptables -t nat -D POSTROUTING -s 10.244.0.0/16 -j CNI-abc123; iptables -t nat -F CNI-abc123; iptables -t nat -X CNI-abc123",
+            ],
+        ),
+        (
             "nftables: iptables-nft's chains are not named twice; kube-proxy's table deleted whole",
             None,
             HostNow {
@@ -268,11 +288,34 @@ fn long_lists_are_cut() {
         save.push_str(&format!(":KUBE-SVC-{i} - [0:0]\n"));
     }
     save.push_str("-A PREROUTING -j KUBE-SVC-0\nCOMMIT\n");
-    let left = iptables_leftovers("iptables", &parse_iptables_save(&save));
+    let left = iptables_leftovers("iptables", &parse_iptables_save(&save), None);
     assert_eq!(left.len(), 1);
     assert!(
         left[0].contains("KUBE-SVC-9 and 2 more: iptables -t nat -D PREROUTING -j KUBE-SVC-0; iptables -t nat -F CHAIN and then iptables -t nat -X CHAIN for each chain named"),
         "{}",
         left[0]
     );
+}
+
+#[test]
+fn removal_script_deletes_the_jumps_then_flushes_and_deletes_the_chains_created_during_the_claim() {
+    let tables = parse_iptables_save(SAVE);
+    let before: BTreeSet<String> = ["iptables nat KUBE-POSTROUTING".to_string()].into();
+    assert_eq!(
+        removal_script("iptables", &tables, &before).as_deref(),
+        Some(
+            "*nat
+-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-D POSTROUTING -s 10.244.0.0/16 -j CNI-abc123
+-F KUBE-SERVICES
+-F CNI-abc123
+-X KUBE-SERVICES
+-X CNI-abc123
+COMMIT
+"
+        )
+    );
+    let all: BTreeSet<String> = chain_keys("iptables", &tables).into_iter().collect();
+    assert_eq!(all.len(), 3);
+    assert_eq!(removal_script("iptables", &tables, &all), None);
 }
