@@ -11,8 +11,8 @@
 //! `probe.rs`): interfaces with a Kubernetes networking name (CNI bridges and tunnels, pods'
 //! veth peers, `kube-ipvs0`) that did not exist when the claim began, addresses added during the
 //! claim to an interface that existed before it (kube-vip's control-plane endpoint), KUBE-/CNI-
-//! chains in `iptables-save`, `ip6tables-save` and `nft list ruleset` (tools that are absent are
-//! skipped), and containers in containerd's `k8s.io` namespace (`ctr`, else `crictl`). They are
+//! chains in `iptables-save`, `ip6tables-save` (those not there when the claim began, when that
+//! was recorded) and `nft list ruleset` (tools that are absent are skipped), and containers in containerd's `k8s.io` namespace (`ctr`, else `crictl`). They are
 //! reported with their fix; only the iptables chains that were not there when the claim began
 //! (the kubelet's and kube-proxy's, which `kubeadm reset` leaves on every host) are removed by
 //! the agent first, with the rules jumping into them.
