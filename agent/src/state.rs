@@ -157,6 +157,35 @@ pub struct ClaimWork {
     /// Which of the Kubernetes runtime directories existed before the claim (kept on clean-up).
     #[serde(default)]
     pub preexisting_dirs: Vec<PathBuf>,
+    /// The host's network interfaces and addresses when the claim began, so the clean-up's
+    /// `verify` can name those the claim added (CNI interfaces, kube-vip's address); `None` in
+    /// a record of an agent that did not keep it (then those two checks are skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_before: Option<NetworkSnapshot>,
+}
+
+/// An address on an interface, as `ip addr` would name it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostAddress {
+    /// The interface (its name, without an address label's `:suffix`).
+    pub dev: String,
+    /// The address with its prefix length, e.g. `198.18.0.200/32`.
+    pub cidr: String,
+}
+
+/// The host's network interfaces and addresses at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSnapshot {
+    /// Interface names (`/sys/class/net`), sorted.
+    pub links: Vec<String>,
+    /// IPv4 addresses and permanent IPv6 addresses that are not link-local, sorted.
+    pub addresses: Vec<HostAddress>,
+    /// The KUBE-/CNI- chains of `iptables-save` and `ip6tables-save`, as `TOOL TABLE CHAIN`
+    /// (`None`: not listed, e.g. no iptables on the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chains: Option<Vec<String>>,
 }
 
 /// The clean-up in progress.
@@ -324,6 +353,7 @@ mod tests {
             installed: false,
             outcome: None,
             preexisting_dirs: vec![],
+            network_before: None,
         }
     }
 
@@ -360,5 +390,24 @@ mod tests {
         assert_eq!(f.load().unwrap(), s);
         std::fs::write(f.path(), b"{not json").unwrap();
         assert!(matches!(f.load(), Err(StateError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_claim_recorded_without_the_network_loads_and_the_network_round_trips() {
+        let old = r#"{"claim":{"machineUid":"u1","machineName":"m1","providerId":"p","bootstrapResourceVersion":null,"steps":[],"writtenFiles":[],"installed":false,"outcome":null,"preexistingDirs":[]},"cleanup":null,"cleanedMachineUid":null}"#;
+        let s: HostState = serde_json::from_str(old).unwrap();
+        assert_eq!(s.claim.unwrap().network_before, None);
+        let mut c = claim();
+        c.network_before = Some(NetworkSnapshot {
+            links: vec!["host0".into(), "lo".into()],
+            addresses: vec![HostAddress {
+                dev: "host0".into(),
+                cidr: "198.18.0.10/24".into(),
+            }],
+            chains: Some(vec!["iptables nat KUBE-SERVICES".into()]),
+        });
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(json.contains("\"networkBefore\""), "{json}");
+        assert_eq!(serde_json::from_str::<ClaimWork>(&json).unwrap(), c);
     }
 }

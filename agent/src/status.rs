@@ -589,6 +589,7 @@ mod tests {
                 installed: false,
                 outcome,
                 preexisting_dirs: vec![],
+                network_before: None,
             }),
             ..Default::default()
         }

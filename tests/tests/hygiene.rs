@@ -10,14 +10,20 @@
 //!   retried, and finishes once the reset passes;
 //! - a host left unclean after every clean-up step (a process of the host on etcd's peer port)
 //!   is quarantined (`Quarantined`, naming the port and the process, phase `CleaningUp`) until
-//!   it is fixed, then offered again without any other action.
+//!   it is fixed, then offered again without any other action;
+//! - on a host with a network of its own, what a claim's networking leaves (an address added to
+//!   the NIC as kube-vip adds the control-plane endpoint, a CNI interface, a container in
+//!   containerd's `k8s.io` namespace) quarantines the host with each leftover and its fix, and
+//!   the host is offered again once they are removed from outside; a KUBE-* iptables chain the
+//!   claim created is removed by the agent (with the jump into it), one older than the claim is
+//!   left alone.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
-use byoh_tests::hosts::{self, Host};
+use byoh_tests::hosts::{self, BootOptions, Host};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use std::time::Duration;
@@ -48,7 +54,7 @@ async fn condition(hosts: &Api<ByoHost>, name: &str, type_: &str) -> Option<Cond
 }
 
 async fn wait_phase(hosts: &Api<ByoHost>, name: &str, phase: &str, secs: u64) {
-    wait_for(
+    if let Err(e) = wait_for(
         &format!("phase {phase}"),
         Duration::from_secs(secs),
         || async {
@@ -56,7 +62,9 @@ async fn wait_phase(hosts: &Api<ByoHost>, name: &str, phase: &str, secs: u64) {
         },
     )
     .await
-    .unwrap();
+    {
+        panic!("{e}; status: {:?}", status_of(hosts, name).await);
+    }
 }
 
 async fn wait_cleaned(hosts: &Api<ByoHost>, name: &str, uid: &str, secs: u64) {
@@ -98,8 +106,20 @@ async fn setup(
 
 /// Claims `host` for `machine`/`uid` with [`DATA`] and waits until it is provisioned.
 async fn claim(client: &kube::Client, ns: &str, hosts: &Api<ByoHost>, name: &str, uid: &str) {
+    claim_with(client, ns, hosts, name, uid, DATA).await
+}
+
+/// [`claim`] with bootstrap data `data`.
+async fn claim_with(
+    client: &kube::Client,
+    ns: &str,
+    hosts: &Api<ByoHost>,
+    name: &str,
+    uid: &str,
+    data: &str,
+) {
     let secret = format!("{uid}-bootstrap");
-    agent::create_bootstrap_secret(client, ns, &secret, DATA)
+    agent::create_bootstrap_secret(client, ns, &secret, data)
         .await
         .unwrap();
     agent::claim_host(client, ns, name, &format!("m-{uid}"), uid, &secret)
@@ -457,11 +477,20 @@ async fn a_host_left_unclean_after_the_clean_up_is_quarantined_until_it_is_clean
         Some("uid-verify-0001")
     );
 
-    // `byoh-agent status` on the host says the same.
-    let local = host.run(&["byoh-agent", "status"]).await.unwrap();
+    // `byoh-agent status` on the host says the same (between re-checks: while one runs, the
+    // step shows as started).
+    let said = wait_for("byoh-agent status", Duration::from_secs(30), || async {
+        let local = host.run(&["byoh-agent", "status"]).await?;
+        Ok(
+            (local.contains("verify") && local.contains("port 2380 is held by python3"))
+                .then_some(()),
+        )
+    })
+    .await;
     assert!(
-        local.contains("verify") && local.contains("port 2380 is held by python3"),
-        "{local}"
+        said.is_ok(),
+        "{}",
+        host.run(&["byoh-agent", "status"]).await.unwrap()
     );
 
     // Fixed by hand: the agent checks again and offers the host.
@@ -471,6 +500,159 @@ async fn a_host_left_unclean_after_the_clean_up_is_quarantined_until_it_is_clean
     wait_cleaned(&hosts, &name, "uid-verify-0001", 60).await;
     agent::drop_claim(&client, ns.name(), &name).await.unwrap();
     wait_phase(&hosts, &name, "Available", 60).await;
+
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+/// Bootstrap data that leaves what a claim's networking leaves: kube-vip's control-plane
+/// endpoint on the NIC, a CNI bridge (as flannel's cni0), a KUBE-* chain of kube-proxy with a
+/// jump to it (removed by the agent), and a container in containerd's `k8s.io` namespace (without an image: a rootfs).
+const NETWORK_DATA: &str = "#cloud-config
+runcmd:
+- ip addr add 198.18.0.250/32 dev host0
+- ip link add cni0 type bridge
+- iptables -t nat -N KUBE-TEST && iptables -t nat -A PREROUTING -j KUBE-TEST
+- mkdir -p /srv/rootfs && ctr -n k8s.io containers create --rootfs /srv/rootfs byoh-test-left
+- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"
+";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_removed() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "hyg-net").await.unwrap();
+    let host = Host::boot_with(
+        "hyg-net",
+        &BootOptions {
+            network: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    host.write_file("/usr/local/bin/kubeadm", NOOP_KUBEADM.as_bytes(), 0o755)
+        .await
+        .unwrap();
+    // The host reaches the control plane at the test network's gateway (in its certificate).
+    let admin = control_plane::kubeconfig_path().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("gateway.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        std::fs::read_to_string(&admin)
+            .unwrap()
+            .replace("127.0.0.1", &hosts::NETWORK_GATEWAY.to_string()),
+    )
+    .unwrap();
+    agent::register(&client, &kubeconfig, ns.name(), &host, "")
+        .await
+        .unwrap();
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let name = host.name().to_string();
+    let address = host.address().unwrap();
+    // iptables works in the host (the image has it; the kernel may lack nf_tables).
+    let iptables = host
+        .exec(&["iptables", "-t", "nat", "-S"])
+        .await
+        .unwrap()
+        .success();
+    let data = if iptables {
+        NETWORK_DATA.to_string()
+    } else {
+        NETWORK_DATA.replace(
+            "- iptables -t nat -N KUBE-TEST && iptables -t nat -A PREROUTING -j KUBE-TEST\n",
+            "",
+        )
+    };
+
+    if iptables {
+        // A chain that was there before the claim is not the claim's: neither removed nor named.
+        host.run(&["iptables", "-t", "nat", "-N", "KUBE-BEFORE"])
+            .await
+            .unwrap();
+    }
+    claim_with(&client, ns.name(), &hosts, &name, "uid-net-0001", &data).await;
+    agent::request_release(&client, ns.name(), &name)
+        .await
+        .unwrap();
+    let cond = wait_for(
+        "CleanupSucceeded=False Quarantined",
+        Duration::from_secs(60),
+        || async {
+            Ok(condition(&hosts, &name, "CleanupSucceeded")
+                .await
+                .filter(|c| c.reason == "Quarantined"))
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("Quarantined: {}", cond.message);
+    let m = &cond.message;
+    assert!(
+        m.contains("interface cni0 was created during the claim")
+            && m.contains("ip link delete cni0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("address 198.18.0.250/32 on host0 was added during the claim")
+            && m.contains("ip addr del 198.18.0.250/32 dev host0"),
+        "{m}"
+    );
+    assert!(
+        !m.contains(&format!("{address}/")),
+        "the host's own address is not the claim's: {m}"
+    );
+    if iptables {
+        // The chain the claim created (as the kubelet's and kube-proxy's, which kubeadm reset
+        // leaves) is removed by the agent with the jump into it; the older one stays.
+        assert!(
+            !m.contains("KUBE-TEST") && !m.contains("KUBE-BEFORE"),
+            "{m}"
+        );
+        let rules = host.run(&["iptables", "-t", "nat", "-S"]).await.unwrap();
+        assert!(
+            !rules.contains("KUBE-TEST") && rules.contains("-N KUBE-BEFORE"),
+            "{rules}"
+        );
+        let log = host
+            .journal_messages("byoh-agent")
+            .await
+            .unwrap()
+            .join("\n");
+        assert!(
+            log.contains("removed the iptables chains the claim created: KUBE-TEST"),
+            "{log}"
+        );
+    }
+    assert!(
+        m.contains("containers are left in containerd's k8s.io namespace: byoh-test-left")
+            && m.contains("ctr -n k8s.io containers rm ID"),
+        "{m}"
+    );
+    let status = status_of(&hosts, &name).await;
+    assert_eq!(status.phase.as_deref(), Some("CleaningUp"));
+    assert_ne!(status.cleaned_machine_uid.as_deref(), Some("uid-net-0001"));
+
+    // Removed from outside, as the message says: the agent checks again and offers the host.
+    host.run(&["ip", "addr", "del", "198.18.0.250/32", "dev", "host0"])
+        .await
+        .unwrap();
+    host.run(&["ip", "link", "delete", "cni0"]).await.unwrap();
+    host.run(&["ctr", "-n", "k8s.io", "containers", "rm", "byoh-test-left"])
+        .await
+        .unwrap();
+    wait_cleaned(&hosts, &name, "uid-net-0001", 90).await;
+    agent::drop_claim(&client, ns.name(), &name).await.unwrap();
+    wait_phase(&hosts, &name, "Available", 60).await;
+    assert!(byoh_api::conditions::is_true(
+        &status_of(&hosts, &name).await.conditions,
+        "CleanupSucceeded"
+    ));
 
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();

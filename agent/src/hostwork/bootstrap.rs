@@ -25,6 +25,21 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
     ) -> Result<(), WorkError> {
         let machine = claim.machine_ref.name.clone();
         if state.claim.is_none() {
+            let mut network_before = super::probe::network(&self.settings.root)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "reading the host's interfaces before the claim: {e}; the clean-up will not check for interfaces and addresses the claim added"
+                    )
+                })
+                .ok();
+            if let Some(n) = network_before.as_mut() {
+                n.chains = super::probe::chains(
+                    &self.settings.root,
+                    &self.runner,
+                    &self.settings.state_dir,
+                )
+                .await;
+            }
             state.claim = Some(ClaimWork {
                 machine_uid: claim.machine_ref.uid.clone(),
                 machine_name: machine.clone(),
@@ -39,6 +54,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .filter(|d| under(&self.settings.root, Path::new(d)).exists())
                     .map(PathBuf::from)
                     .collect(),
+                network_before,
             });
             self.save(state)?;
             tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");

@@ -291,9 +291,15 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .as_ref()
                     .map(|w| w.preexisting_dirs.clone())
                     .unwrap_or_default();
+                let network_before = state.claim.as_ref().and_then(|w| w.network_before.clone());
                 self.cleanup_step(state, next, |me| async move {
+                    let claim = super::verify::Claim {
+                        preexisting_dirs: &preexisting,
+                        network_before: network_before.as_ref(),
+                        scratch: &me.settings.state_dir,
+                    };
                     let leftovers =
-                        super::verify::leftovers(&me.settings.root, &me.units, &preexisting)
+                        super::verify::leftovers(&me.settings.root, &me.units, &me.runner, &claim)
                             .await?;
                     if leftovers.is_empty() {
                         Ok(())

@@ -116,7 +116,8 @@ pub enum CleanupStep {
     RemoveFiles,
     /// Revert the install manifest.
     Uninstall,
-    /// Prove the host clean ([`verify`]); a host that is not stays out of the pool.
+    /// Prove the host clean ([`verify`]; the iptables chains the claim created are removed
+    /// first); a host that is not stays out of the pool.
     Verify,
 }
 
@@ -305,6 +306,8 @@ struct BootstrapData {
 
 mod bootstrap;
 mod cleanup;
+pub mod leftovers;
+mod probe;
 pub mod reset;
 mod restore;
 mod runcmd;

@@ -156,6 +156,7 @@ mod tests {
             installed: false,
             outcome: None,
             preexisting_dirs: Vec::new(),
+            network_before: None,
         }
     }
 

@@ -5,16 +5,37 @@
 //! `/var/lib/kubelet`, and `/etc/kubernetes` gone when the claim created it. A host that fails is
 //! quarantined: phase `CleaningUp` with `CleanupSucceeded=False`/`Ready=False`, reason
 //! `Quarantined` and what is left; the agent checks again with backoff (at most every 30 s) and
-//! offers the host once it passes. Not checked yet: CNI interfaces, KUBE-* iptables/nftables
-//! chains, addresses added during the claim, containers in containerd's `k8s.io` namespace.
+//! offers the host once it passes.
+//!
+//! Also checked (issue 16 A.3, second part; decided in `leftovers.rs` from facts gathered by
+//! `probe.rs`): interfaces with a Kubernetes networking name (CNI bridges and tunnels, pods'
+//! veth peers, `kube-ipvs0`) that did not exist when the claim began, addresses added during the
+//! claim to an interface that existed before it (kube-vip's control-plane endpoint), KUBE-/CNI-
+//! chains in `iptables-save`, `ip6tables-save` (those not there when the claim began, when that
+//! was recorded) and `nft list ruleset` (tools that are absent are skipped), and containers in containerd's `k8s.io` namespace (`ctr`, else `crictl`). They are
+//! reported with their fix; only the iptables chains that were not there when the claim began
+//! (the kubelet's and kube-proxy's, which `kubeadm reset` leaves on every host) are removed by
+//! the agent first, with the rules jumping into them.
 
+use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
+use crate::state::NetworkSnapshot;
 use crate::systemd::UnitManager;
 use std::path::{Path, PathBuf};
 
 /// Ports a claim's Kubernetes components listen on: kubelet, kube-apiserver, etcd client and
 /// peer.
 pub const CLAIM_PORTS: &[u16] = &[10250, 6443, 2379, 2380];
+
+/// What the claim was and what the agent may use to check it.
+pub struct Claim<'a> {
+    /// The Kubernetes runtime directories that existed before the claim.
+    pub preexisting_dirs: &'a [PathBuf],
+    /// The host's network when the claim began (`None`: not recorded).
+    pub network_before: Option<&'a NetworkSnapshot>,
+    /// A directory of the agent's for the listing commands' output.
+    pub scratch: &'a Path,
+}
 
 /// What is left on the host after a clean-up, one line each (empty: clean).
 ///
@@ -23,8 +44,10 @@ pub const CLAIM_PORTS: &[u16] = &[10250, 6443, 2379, 2380];
 pub async fn leftovers(
     root: &Path,
     units: &impl UnitManager,
-    preexisting_dirs: &[PathBuf],
+    runner: &impl CommandRunner,
+    claim: &Claim<'_>,
 ) -> Result<Vec<String>, crate::systemd::SystemdError> {
+    let preexisting_dirs = claim.preexisting_dirs;
     let mut left = Vec::new();
     let kubelet = units.state(crate::units::KUBELET_UNIT).await?;
     if kubelet.load_state != "not-found"
@@ -62,5 +85,10 @@ pub async fn leftovers(
     if !preexisting_dirs.iter().any(|d| d == etc) && under(root, etc).exists() {
         left.push("/etc/kubernetes is still there: remove it".into());
     }
+    if let Some(before) = claim.network_before {
+        super::probe::remove_claim_chains(root, runner, claim.scratch, before).await;
+    }
+    let now = super::probe::host_now(root, runner, claim.scratch).await;
+    left.extend(super::leftovers::decide(claim.network_before, &now));
     Ok(left)
 }

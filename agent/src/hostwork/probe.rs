@@ -1,0 +1,267 @@
+//! Gathers the facts `leftovers.rs` judges: the host's interfaces (`/sys/class/net`) and
+//! addresses (getifaddrs(3) for IPv4, `/proc/net/if_inet6` for IPv6, whose flags tell a
+//! permanent address from an autoconfigured one), and, through the [`CommandRunner`], the output
+//! of `iptables-save`, `ip6tables-save`, `nft list ruleset` and `ctr -n k8s.io containers ls -q`
+//! (or `crictl ps -a -q`) when those tools exist. A tool that is missing or fails is skipped
+//! (logged): its absence is not a leftover. It also removes the KUBE-/CNI- iptables chains the
+//! claim created ([`remove_claim_chains`]): the kubelet's own (`KUBE-FIREWALL`,
+//! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) and kube-proxy's, which `kubeadm reset` leaves.
+
+use super::leftovers::{self, ContainerTool, HostNow};
+use crate::cloudinit::{CommandRunner, RawCommand, stderr_tail};
+use crate::fsutil::under;
+use crate::state::{HostAddress, NetworkSnapshot};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The iptables tools whose chains are listed (`TOOL-save`) and removed (`TOOL-restore`).
+const IPTABLES: [&str; 2] = ["iptables", "ip6tables"];
+/// How long one listing command may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Directories searched for the tools, in order.
+const TOOL_DIRS: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// The interfaces and addresses of the host under `root` (interfaces from
+/// `<root>/sys/class/net`, IPv6 addresses from `<root>/proc/net/if_inet6`; IPv4 addresses are
+/// the agent's own view, getifaddrs(3)).
+///
+/// # Errors
+/// When `/sys/class/net` cannot be read or getifaddrs(3) fails.
+pub fn network(root: &Path) -> std::io::Result<NetworkSnapshot> {
+    let mut links: Vec<String> = std::fs::read_dir(under(root, "/sys/class/net"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    links.sort();
+    let mut addresses = Vec::new();
+    for ifa in nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)? {
+        let Some(v4) = ifa.address.as_ref().and_then(|a| a.as_sockaddr_in()) else {
+            continue;
+        };
+        let prefix = ifa
+            .netmask
+            .and_then(|m| m.as_sockaddr_in().map(|m| m.ip().to_bits().count_ones()))
+            .unwrap_or(32);
+        // An address label (`host0:vip`) is not a device; ':' is never part of a device name.
+        let dev = ifa
+            .interface_name
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        addresses.push(HostAddress {
+            dev,
+            cidr: format!("{}/{prefix}", v4.ip()),
+        });
+    }
+    if let Ok(text) = std::fs::read_to_string(under(root, "/proc/net/if_inet6")) {
+        addresses.extend(leftovers::parse_if_inet6(&text));
+    }
+    addresses.sort();
+    addresses.dedup();
+    Ok(NetworkSnapshot {
+        links,
+        addresses,
+        chains: None,
+    })
+}
+
+/// The KUBE-/CNI- chains of `iptables-save` and `ip6tables-save` as `TOOL TABLE CHAIN` keys;
+/// `None` when neither tool gave a listing.
+pub async fn chains(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Option<Vec<String>> {
+    let mut keys = None;
+    for tool in IPTABLES {
+        if let Some(t) = tool_output(runner, root, scratch, &format!("{tool}-save"), &[]).await {
+            keys.get_or_insert_with(Vec::new)
+                .extend(leftovers::chain_keys(
+                    tool,
+                    &leftovers::parse_iptables_save(&t),
+                ));
+        }
+    }
+    keys
+}
+
+/// Removes the KUBE-/CNI- chains of iptables and ip6tables that were not there when the claim
+/// began (`before`; nothing when it was not recorded): the rules jumping into them, then the
+/// chains, with one `TOOL-restore --noflush` per tool. Failures are logged; `verify` then
+/// reports what is left.
+pub async fn remove_claim_chains(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+    before: &NetworkSnapshot,
+) {
+    let Some(before) = &before.chains else {
+        return;
+    };
+    let before: std::collections::BTreeSet<String> = before.iter().cloned().collect();
+    for tool in IPTABLES {
+        let Some(saved) = tool_output(runner, root, scratch, &format!("{tool}-save"), &[]).await
+        else {
+            continue;
+        };
+        let tables = leftovers::parse_iptables_save(&saved);
+        let Some(script) = leftovers::removal_script(tool, &tables, &before) else {
+            continue;
+        };
+        let Some(restore) = find_tool(root, &format!("{tool}-restore")) else {
+            continue;
+        };
+        let file = scratch.join(".verify-restore");
+        if let Err(e) = std::fs::write(&file, &script) {
+            tracing::warn!("verify: writing {}: {e}", file.display());
+            continue;
+        }
+        let argv = vec![restore, "--noflush".into(), file.display().to_string()];
+        let done = output(runner, scratch, &argv).await.is_some();
+        let _ = std::fs::remove_file(&file);
+        if done {
+            let removed: Vec<&str> = script
+                .lines()
+                .filter_map(|l| l.strip_prefix("-X "))
+                .collect();
+            tracing::info!(
+                "verify: removed the {tool} chains the claim created: {}",
+                removed.join(", ")
+            );
+        }
+    }
+}
+
+fn find_tool(root: &Path, name: &str) -> Option<String> {
+    TOOL_DIRS
+        .iter()
+        .map(|d| format!("{d}/{name}"))
+        .find(|p| under(root, p).exists())
+}
+
+/// Runs `argv` with its standard output in `scratch` (the runner keeps only standard error);
+/// `None` (logged) when it cannot start or fails.
+async fn output(runner: &impl CommandRunner, scratch: &Path, argv: &[String]) -> Option<String> {
+    let out_file: PathBuf = scratch.join(".verify-output");
+    let _ = std::fs::remove_file(&out_file);
+    let mut wrapped: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "exec \"$@\" >\"$0\"".into(),
+        out_file.display().to_string(),
+    ];
+    wrapped.extend(argv.iter().cloned());
+    let result = runner.run(&RawCommand::Argv(wrapped), PROBE_TIMEOUT).await;
+    let text = std::fs::read_to_string(&out_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_file);
+    let command = argv.join(" ");
+    match result {
+        Ok(o) if o.exit.success() => Some(text),
+        Ok(o) => {
+            tracing::info!(
+                "verify: {command} failed ({:?}): {}; not checked",
+                o.exit,
+                stderr_tail(&o.stderr)
+            );
+            None
+        }
+        Err(e) => {
+            tracing::info!("verify: starting {command}: {e}; not checked");
+            None
+        }
+    }
+}
+
+async fn tool_output(
+    runner: &impl CommandRunner,
+    root: &Path,
+    scratch: &Path,
+    name: &str,
+    args: &[&str],
+) -> Option<String> {
+    let tool = find_tool(root, name)?;
+    let mut argv = vec![tool];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    output(runner, scratch, &argv).await
+}
+
+/// What is on the host now (see the module docs); `scratch` is a directory of the agent's for
+/// the commands' output.
+pub async fn host_now(root: &Path, runner: &impl CommandRunner, scratch: &Path) -> HostNow {
+    let network = network(root)
+        .inspect_err(|e| tracing::warn!("verify: reading the host's interfaces: {e}"))
+        .ok();
+    let iptables = tool_output(runner, root, scratch, "iptables-save", &[])
+        .await
+        .map(|t| leftovers::parse_iptables_save(&t));
+    let ip6tables = tool_output(runner, root, scratch, "ip6tables-save", &[])
+        .await
+        .map(|t| leftovers::parse_iptables_save(&t));
+    let nft = tool_output(runner, root, scratch, "nft", &["list", "ruleset"])
+        .await
+        .map(|t| leftovers::parse_nft_ruleset(&t));
+    let ids = |t: String| -> Vec<String> {
+        t.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let containers = match tool_output(
+        runner,
+        root,
+        scratch,
+        "ctr",
+        &["-n", "k8s.io", "containers", "ls", "-q"],
+    )
+    .await
+    {
+        Some(t) => Some((ContainerTool::Ctr, ids(t))),
+        None => tool_output(runner, root, scratch, "crictl", &["ps", "-a", "-q"])
+            .await
+            .map(|t| (ContainerTool::Crictl, ids(t))),
+    };
+    HostNow {
+        network,
+        iptables,
+        ip6tables,
+        nft,
+        containers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_links_under_the_root_and_this_machines_addresses() {
+        let root = tempfile::tempdir().unwrap();
+        for l in ["lo", "cni0", "eth0"] {
+            std::fs::create_dir_all(root.path().join("sys/class/net").join(l)).unwrap();
+        }
+        std::fs::create_dir_all(root.path().join("proc/net")).unwrap();
+        std::fs::write(
+            root.path().join("proc/net/if_inet6"),
+            "20010db8000000000000000000000250 02 80 00 80 eth0\n",
+        )
+        .unwrap();
+        let n = network(root.path()).unwrap();
+        assert_eq!(n.links, ["cni0", "eth0", "lo"]);
+        assert!(n.addresses.iter().any(|a| a.cidr == "2001:db8::250/128"));
+        assert!(
+            n.addresses.iter().any(|a| a.cidr == "127.0.0.1/8"),
+            "{:?}",
+            n.addresses
+        );
+        assert!(network(&root.path().join("nowhere")).is_err());
+    }
+}
