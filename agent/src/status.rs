@@ -605,6 +605,7 @@ mod tests {
                 installed: false,
                 outcome,
                 preexisting_dirs: vec![],
+                host_changes: Default::default(),
             }),
             ..Default::default()
         }

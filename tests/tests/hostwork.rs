@@ -246,7 +246,7 @@ async fn refused_and_failing_bootstrap_data_are_reported_on_the_byohost() {
         .unwrap();
     assert_eq!(cond.reason, "BootstrapDataInvalid");
     assert!(
-        cond.message.contains("bootcmd") && cond.message.contains("packages"),
+        cond.message.contains("power_state") && cond.message.contains("packages"),
         "{}",
         cond.message
     );

@@ -20,16 +20,20 @@ pub mod cli;
 mod document;
 mod encoding;
 mod execute;
+pub mod journal;
 mod modules;
+pub mod mounts;
+pub mod ntp;
 mod owner;
 mod runner;
 pub mod script;
 mod template;
+pub mod users;
 mod validate;
 
 pub use document::{Content, Document, RawCommand, RawWriteFile, parse};
 pub use encoding::Encoding;
-pub use execute::{ExecError, ExecReport, execute, write_file};
+pub use execute::{ExecError, ExecReport, execute, run_boot_command, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;
 pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail};
@@ -37,6 +41,12 @@ pub use template::{GO_DEFAULT_INTERFACE, InstanceData, SUPPORTED_JINJA_NAMES};
 pub use validate::{Command, FileWrite, Plan, ValidateOptions, validate};
 
 use std::fmt;
+
+/// Whether user `name` exists on the host under `root` (through the name service when `root`
+/// is `/`).
+pub fn user_exists(name: &str, root: &std::path::Path) -> bool {
+    owner::account(name, root).is_some()
+}
 
 /// Default timeout of one `runcmd` entry (30 minutes): long enough for `kubeadm join` pulling
 /// images over a slow link, short enough that a hung command does not block the host forever.
@@ -143,5 +153,7 @@ pub fn check_format(format: Option<&str>) -> Result<(), CloudConfigError> {
 mod fuzz_tests;
 #[cfg(test)]
 mod limits_tests;
+#[cfg(test)]
+mod modules_tests;
 #[cfg(test)]
 mod tests;

@@ -31,6 +31,7 @@ fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
         installed: false,
         outcome,
         preexisting_dirs: vec![],
+        host_changes: Default::default(),
     }
 }
 
