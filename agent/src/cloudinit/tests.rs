@@ -333,10 +333,11 @@ fn case04_unsupported_modules_are_refused_by_name_before_anything() {
     let root = temp_root();
     let p = problems(plan_in(case("04-unsupported-keys.yaml"), root.path(), &[]).unwrap_err());
     let named: Vec<&str> = p.iter().map(|p| p.at.as_str()).collect();
-    assert_eq!(named, ["power_state", "packages"]);
+    // bootcmd is implemented (issue 16 B.5): only packages is refused.
+    assert_eq!(named, ["packages"]);
     assert!(
         p[0].message
-            .contains("module power_state (reboots or powers off the host) is not supported"),
+            .contains("module packages (installs packages) is not supported"),
         "{}",
         p[0]
     );
@@ -345,7 +346,7 @@ fn case04_unsupported_modules_are_refused_by_name_before_anything() {
     // hostname equal to the host name is accepted; a different one is refused.
     let ok = format!("{}hostname: worker-1\n", case("04-unsupported-keys.yaml"));
     let p = problems(plan_in(&ok, root.path(), &[]).unwrap_err());
-    assert_eq!(p.len(), 2);
+    assert_eq!(p.len(), 1);
     let plan = plan_in(
         "#cloud-config\nhostname: worker-1\nfqdn: worker-1.example.org\npreserve_hostname: true\n",
         root.path(),
