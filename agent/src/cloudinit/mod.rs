@@ -5,9 +5,11 @@
 //!    documented Jinja instance-data names (nothing else), then YAML into a typed [`Document`].
 //! 2. [`validate()`]: every rule on every entry, all problems at once, into a [`Plan`]; modules
 //!    this agent does not implement are refused by name before anything runs.
-//! 3. [`execute()`]: `write_files` (atomically, with mode and owner), then deferred files, then
-//!    `runcmd`: all items in one shell as cloud-init does, stopping at the first failing item
-//!    ([`script`]), through a [`CommandRunner`].
+//! 3. [`execute()`]: `bootcmd` items, `write_files` (atomically, with mode and owner), the
+//!    host modules `mounts`, `users` and `ntp` ([`mounts`], [`users`], [`ntp`], each change
+//!    told to a [`journal::Journal`] first), then deferred files, then `runcmd`: all items in
+//!    one shell as cloud-init does, stopping at the first failing item ([`script`]), through a
+//!    [`CommandRunner`].
 //!
 //! Nothing is written and nothing runs unless the whole document validated. File contents and
 //! command output never reach logs: only paths, modes, indices and exit statuses are logged.

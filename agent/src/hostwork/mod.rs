@@ -7,16 +7,18 @@
 //! `cleanedMachineUID` and the conditions `Ready`, `BootstrapSucceeded`, `CleanupSucceeded`.
 //!
 //! Bootstrap: read the bootstrap Secret → parse and validate the cloud-config (nothing runs if
-//! it is refused) → install Kubernetes components if the claim names a K8sInstallerConfig
+//! it is refused) → each `bootcmd` item → install Kubernetes components if the claim names a K8sInstallerConfig
 //! ([`crate::installer`], resumable) → write the kubelet provider-id drop-in → `write_files` one by one (backing up
-//! files that existed) → `runcmd` in one shell, one step per item (`runcmd.rs`) → success is the CAPI sentinel
+//! files that existed) → `mounts`, `users`, `ntp` (`hostwork/modules.rs`, each change recorded)
+//! → deferred files → `runcmd` in one shell, one step per item (`runcmd.rs`) → success is the CAPI sentinel
 //! `/run/cluster-api/bootstrap-success.complete`. It runs at most once per (ByoMachine UID,
 //! bootstrap Secret resourceVersion).
 //!
 //! Clean-up (release requested, a `needsCleanup` mark, or leftovers of a claim that is gone;
 //! `hostwork/cleanup.rs`): `kubeadm reset --force --cri-socket <the kubelet's endpoint>` if
-//! kubeadm exists ([`reset`]) → stop and disable kubelet → remove what bootstrap created
-//! (restoring backed-up files) and the Kubernetes runtime directories that did not exist before
+//! kubeadm exists ([`reset`]) → stop and disable kubelet → unmount the claim's `mounts`,
+//! remove what bootstrap created (restoring backed-up files), delete the users it created,
+//! restart the time service it configured and the Kubernetes runtime directories that did not exist before
 //! the claim, never deleting behind a mount ([`crate::mounts`]) → daemon-reload → uninstall
 //! exactly what the installer recorded → prove the host clean ([`verify`]) → report
 //! `cleanedMachineUID`. Every step is idempotent; missing tools, units and files are skipped; a
