@@ -241,3 +241,52 @@ fn modules_run_in_cloud_init_order_and_write_their_files() {
     // lock_passwd: false: no usermod --lock.
     assert!(!calls.iter().any(|c| c.starts_with("usermod")), "{calls:?}");
 }
+
+/// Fails every `visudo` call as visudo does for a bad rule.
+struct BadSudoers;
+
+impl CommandRunner for BadSudoers {
+    async fn run(&self, command: &RawCommand, _: Duration) -> std::io::Result<CommandOutcome> {
+        let visudo = matches!(command, RawCommand::Argv(a) if a[0].ends_with("visudo"));
+        Ok(CommandOutcome {
+            exit: Exit::Code(if visudo { 1 } else { 0 }),
+            stderr: if visudo {
+                b">>> /tmp/x: syntax error near line 2 <<<\n".to_vec()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+}
+
+#[test]
+fn a_sudo_rule_visudo_refuses_is_not_installed() {
+    let root = root_with_timesyncd();
+    std::fs::create_dir_all(root.path().join("usr/sbin")).unwrap();
+    std::fs::write(root.path().join("usr/sbin/visudo"), "").unwrap();
+    // An existing user (root), so no useradd is needed.
+    let p = plan(
+        "#cloud-config\nusers:\n- name: root\n  sudo: ALL=(ALL) NOPASSWD ALL\n",
+        root.path(),
+        &[],
+    )
+    .unwrap();
+    let e = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(execute(
+            &p,
+            root.path(),
+            &BadSudoers,
+            Duration::from_secs(5),
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("users[0] root failed: the sudo rule of user root is not valid"),
+        "{e}"
+    );
+    assert!(e.contains("syntax error"), "{e}");
+    assert!(!root.path().join("etc/sudoers.d/byoh-root").exists());
+}
