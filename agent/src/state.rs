@@ -162,6 +162,10 @@ pub struct ClaimWork {
     /// a record of an agent that did not keep it (then those two checks are skipped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_before: Option<NetworkSnapshot>,
+    /// Users, mounts and services the bootstrap changed (cloud-config `users`, `mounts`,
+    /// `ntp`), undone on clean-up.
+    #[serde(default, skip_serializing_if = "HostChanges::is_empty")]
+    pub host_changes: HostChanges,
 }
 
 /// An address on an interface, as `ip addr` would name it.
@@ -186,6 +190,49 @@ pub struct NetworkSnapshot {
     /// (`None`: not listed, e.g. no iptables on the host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chains: Option<Vec<String>>,
+}
+
+/// What the cloud-config modules `users`, `mounts` and `ntp` changed besides files (those are
+/// in [`ClaimWork::written_files`]). Each entry is recorded before the change is made.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostChanges {
+    /// Users created with `useradd`, deleted on clean-up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<CreatedUser>,
+    /// Mounts made, unmounted on clean-up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MadeMount>,
+    /// Units restarted on clean-up once their configuration is restored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_units: Vec<String>,
+}
+
+impl HostChanges {
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty() && self.mounts.is_empty() && self.restart_units.is_empty()
+    }
+}
+
+/// A user the bootstrap created.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedUser {
+    /// The user name.
+    pub name: String,
+    /// Whether its home directory did not exist before (then `userdel -r` removes it).
+    pub home_created: bool,
+}
+
+/// A mount the bootstrap made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MadeMount {
+    /// The mount point (a host path).
+    pub mountpoint: PathBuf,
+    /// Directories created for it (outermost first), removed on clean-up if empty.
+    pub created_dirs: Vec<PathBuf>,
 }
 
 /// The clean-up in progress.
@@ -354,6 +401,7 @@ mod tests {
             outcome: None,
             preexisting_dirs: vec![],
             network_before: None,
+            host_changes: Default::default(),
         }
     }
 

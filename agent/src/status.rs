@@ -590,6 +590,7 @@ mod tests {
                 outcome,
                 preexisting_dirs: vec![],
                 network_before: None,
+                host_changes: Default::default(),
             }),
             ..Default::default()
         }

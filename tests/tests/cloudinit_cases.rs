@@ -228,14 +228,7 @@ async fn case04_unsupported_keys() {
         return;
     };
     let out = apply(&host, "04.yaml", &case_text("04-unsupported-keys.yaml")).await;
-    assert_failed(
-        &out,
-        &[
-            "bootcmd: module bootcmd",
-            "packages: module packages",
-            "nothing was written",
-        ],
-    );
+    assert_failed(&out, &["packages: module packages", "nothing was written"]);
     assert!(!exists(&host, "/etc/byoh-test/should-not-exist").await);
     assert!(!exists(&host, "/tmp/byoh-test-should-not-run").await);
     // `hostname` equal to this host's name only describes it: accepted.
@@ -435,10 +428,9 @@ async fn case11_cabpk_unsupported_modules() {
     assert_failed(
         &out,
         &[
-            "users: module users",
-            "ntp: module ntp",
+            "ntp: neither chrony nor systemd-timesyncd is installed",
             "disk_setup: module disk_setup",
-            "mounts: module mounts",
+            "prepare the disks before the host joins the pool",
         ],
     );
     assert!(!exists(&host, "/run/cluster-api/placeholder").await);
@@ -453,14 +445,7 @@ async fn case11_cabpk_unsupported_modules() {
     .await
     .unwrap();
     let out = apply(&host, "11.yaml", &text).await;
-    assert_failed(
-        &out,
-        &[
-            "users: module users",
-            "disk_setup: module disk_setup",
-            "mounts: module mounts",
-        ],
-    );
+    assert_failed(&out, &["disk_setup: module disk_setup"]);
     assert!(!out.stderr.contains("ntp"), "{}", out.stderr);
     assert!(!exists(&host, "/run/cluster-api/placeholder").await);
 

@@ -94,6 +94,61 @@ fn validate_cmd(
     Ok(())
 }
 
+/// The `validate` report of `bootcmd`, `mounts`, `users` and `ntp` (only those present).
+fn describe_modules(s: &mut String, plan: &Plan) {
+    use std::fmt::Write as _;
+    if !plan.boot_commands.is_empty() {
+        let _ = writeln!(
+            s,
+            "bootcmd ({}; run first, each on its own; may contain secrets):",
+            plan.boot_commands.len()
+        );
+        for c in &plan.boot_commands {
+            match &c.form {
+                super::RawCommand::Shell(cmd) => {
+                    let _ = writeln!(s, "  [{}] /bin/sh -c {cmd:?}", c.index);
+                }
+                super::RawCommand::Argv(argv) => {
+                    let _ = writeln!(s, "  [{}] exec {argv:?}", c.index);
+                }
+            }
+        }
+    }
+    for m in &plan.mounts {
+        let _ = writeln!(
+            s,
+            "mounts[{}]: fstab {:?}, then mount",
+            m.index,
+            m.fstab_line()
+        );
+    }
+    for u in &plan.users {
+        let _ = writeln!(
+            s,
+            "users[{}]: {} (created if missing; password {}; {} sudo rules; {} keys)",
+            u.index,
+            u.name,
+            if u.lock_passwd {
+                "locked"
+            } else {
+                "not locked"
+            },
+            u.sudo.len(),
+            u.ssh_authorized_keys.len()
+        );
+    }
+    if let Some(n) = &plan.ntp {
+        let _ = writeln!(
+            s,
+            "ntp: {} in {} with {} servers, {} pools",
+            n.client.name(),
+            n.client.path().display(),
+            n.servers.len(),
+            n.pools.len()
+        );
+    }
+}
+
 /// The `validate` report: files, commands (as written: sensitive), ignored and accepted keys.
 pub fn describe(plan: &Plan, host: &str, file: &Path) -> String {
     use std::fmt::Write as _;
@@ -153,6 +208,7 @@ pub fn describe(plan: &Plan, host: &str, file: &Path) -> String {
             }
         }
     }
+    describe_modules(&mut s, plan);
     if !plan.ignored_modules.is_empty() {
         let _ = writeln!(
             s,

@@ -75,7 +75,7 @@ pub struct RawWriteFile {
     pub source: bool,
 }
 
-/// One `runcmd` entry.
+/// One `runcmd` or `bootcmd` entry.
 #[derive(Clone, PartialEq, Eq)]
 pub enum RawCommand {
     /// A string, run with `/bin/sh -c`.
@@ -103,6 +103,8 @@ pub struct Document {
     pub write_files: Vec<RawWriteFile>,
     /// `runcmd`, in order.
     pub runcmd: Vec<RawCommand>,
+    /// `bootcmd`, in order (same forms as `runcmd`; cloud-init module `bootcmd`).
+    pub bootcmd: Vec<RawCommand>,
     /// Every other top-level key with its value, in document order.
     pub other: Vec<(String, Value)>,
     /// Type problems found while reading fields (reported by validation).
@@ -205,7 +207,8 @@ pub fn parse(input: &str, data: &InstanceData) -> Result<Document, CloudConfigEr
         };
         match key.as_str() {
             "write_files" => read_write_files(v, tag_name.as_deref(), &mut doc)?,
-            "runcmd" => read_runcmd(v, &mut doc)?,
+            "runcmd" => doc.runcmd = read_commands("runcmd", v, &mut doc.problems)?,
+            "bootcmd" => doc.bootcmd = read_commands("bootcmd", v, &mut doc.problems)?,
             _ => doc.other.push((key, v)),
         }
     }
@@ -501,45 +504,51 @@ fn scalar_text(v: &Value) -> Option<String> {
     }
 }
 
-fn read_runcmd(v: Value, doc: &mut Document) -> Result<(), CloudConfigError> {
+/// Reads a list of commands (`runcmd` or `bootcmd`: cloud-init's string-or-list items).
+fn read_commands(
+    key: &str,
+    v: Value,
+    problems: &mut Vec<Problem>,
+) -> Result<Vec<RawCommand>, CloudConfigError> {
+    let mut out = Vec::new();
     let entries = match v {
-        Value::Null => return Ok(()),
+        Value::Null => return Ok(out),
         Value::Sequence(s) => s,
         other => {
             return Err(CloudConfigError::Yaml(format!(
-                "runcmd must be a list of commands, found {}",
+                "{key} must be a list of commands, found {}",
                 kind(&other)
             )));
         }
     };
     for (i, entry) in entries.into_iter().enumerate() {
-        let at = format!("runcmd[{i}]");
+        let at = format!("{key}[{i}]");
         match entry {
-            Value::String(s) => doc.runcmd.push(RawCommand::Shell(s)),
+            Value::String(s) => out.push(RawCommand::Shell(s)),
             Value::Sequence(items) => {
                 let argv: Option<Vec<String>> = items.iter().map(scalar_text).collect();
                 match argv {
-                    Some(argv) => doc.runcmd.push(RawCommand::Argv(argv)),
+                    Some(argv) => out.push(RawCommand::Argv(argv)),
                     None => {
-                        doc.problems.push(Problem {
+                        problems.push(Problem {
                             at,
                             message: "every argument of a list command must be a string".into(),
                         });
-                        doc.runcmd.push(RawCommand::Argv(Vec::new()));
+                        out.push(RawCommand::Argv(Vec::new()));
                     }
                 }
             }
             other => {
-                doc.problems.push(Problem {
+                problems.push(Problem {
                     at,
                     message: format!(
                         "a command must be a string (run by /bin/sh -c) or a list (argv), found {}",
                         kind(&other)
                     ),
                 });
-                doc.runcmd.push(RawCommand::Shell(String::new()));
+                out.push(RawCommand::Shell(String::new()));
             }
         }
     }
-    Ok(())
+    Ok(out)
 }

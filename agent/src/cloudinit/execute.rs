@@ -40,6 +40,22 @@ pub enum ExecError {
         /// The I/O error (e.g. no such program).
         source: std::io::Error,
     },
+    /// A `bootcmd` item could not be started or failed; nothing after it ran.
+    #[error("bootcmd[{index}] failed: {message}")]
+    Boot {
+        /// Index in `bootcmd`.
+        index: usize,
+        /// How it failed (exit status and the end of its stderr, or why it did not start).
+        message: String,
+    },
+    /// A module (`users[N] name`, `mounts[N]`, `ntp`) failed; nothing after it ran.
+    #[error("{at} failed: {message}")]
+    Module {
+        /// Where in the document.
+        at: String,
+        /// What failed.
+        message: String,
+    },
     /// A command failed; later commands did not run.
     #[error("runcmd[{index}] failed: {}{}", exit_text(*.exit), tail_text(.stderr_tail))]
     Command {
@@ -158,7 +174,74 @@ pub fn write_file(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// Executes a validated plan: files (non-deferred, then deferred) under `root`, then commands
+/// Runs one `bootcmd` item on its own (cloud-init module `bootcmd`: string → `/bin/sh -c`,
+/// list → argv).
+///
+/// # Errors
+/// [`ExecError::Boot`] naming the item.
+pub async fn run_boot_command(
+    c: &super::Command,
+    runner: &impl CommandRunner,
+    timeout: Duration,
+) -> Result<(), ExecError> {
+    let err = |message: String| ExecError::Boot {
+        index: c.index,
+        message,
+    };
+    let outcome = runner
+        .run(&c.form, timeout)
+        .await
+        .map_err(|e| err(format!("could not be started: {e}")))?;
+    if !outcome.exit.success() {
+        let tail = super::stderr_tail(&outcome.stderr);
+        return Err(err(format!(
+            "{}{}",
+            exit_text(outcome.exit),
+            tail_text(&tail)
+        )));
+    }
+    tracing::info!(index = c.index, "bootcmd: item succeeded");
+    Ok(())
+}
+
+/// The host modules in cloud-init's order (`mounts` and `users` in its init stage, `ntp` in
+/// its config stage), after the files that are not deferred.
+async fn run_modules(
+    plan: &Plan,
+    root: &Path,
+    runner: &impl CommandRunner,
+    timeout: Duration,
+    journal: &mut impl super::journal::Journal,
+) -> Result<(), ExecError> {
+    for m in &plan.mounts {
+        super::mounts::apply(m, root, runner, timeout, journal)
+            .await
+            .map_err(|message| ExecError::Module {
+                at: format!("mounts[{}]", m.index),
+                message,
+            })?;
+    }
+    for u in &plan.users {
+        super::users::apply(u, root, runner, timeout, journal)
+            .await
+            .map_err(|message| ExecError::Module {
+                at: format!("users[{}] {}", u.index, u.name),
+                message,
+            })?;
+    }
+    if let Some(n) = &plan.ntp {
+        super::ntp::apply(n, root, runner, timeout, journal)
+            .await
+            .map_err(|message| ExecError::Module {
+                at: "ntp".into(),
+                message,
+            })?;
+    }
+    Ok(())
+}
+
+/// Executes a validated plan: `bootcmd` items, files that are not deferred, `mounts`,
+/// `users`, `ntp`, deferred files under `root`, then commands
 /// through `runner`, each limited to `command_timeout`.
 ///
 /// # Errors
@@ -174,7 +257,16 @@ pub async fn execute(
     for note in &plan.notes {
         tracing::warn!("cloud-config: {note}");
     }
+    for c in &plan.boot_commands {
+        run_boot_command(c, runner, command_timeout).await?;
+    }
+    let journal = &mut super::journal::NoJournal;
+    let mut modules_done = false;
     for f in &plan.files {
+        if f.defer && !modules_done {
+            run_modules(plan, root, runner, command_timeout, journal).await?;
+            modules_done = true;
+        }
         write_file(root, f)?;
         tracing::info!(
             index = f.index,
@@ -187,6 +279,9 @@ pub async fn execute(
             "write_files: wrote file"
         );
         report.files_written.push(f.path.clone());
+    }
+    if !modules_done {
+        run_modules(plan, root, runner, command_timeout, journal).await?;
     }
     if !plan.commands.is_empty() {
         // All items in one shell (see `script`), from a private directory removed afterwards.

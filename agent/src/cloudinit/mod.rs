@@ -5,9 +5,11 @@
 //!    documented Jinja instance-data names (nothing else), then YAML into a typed [`Document`].
 //! 2. [`validate()`]: every rule on every entry, all problems at once, into a [`Plan`]; modules
 //!    this agent does not implement are refused by name before anything runs.
-//! 3. [`execute()`]: `write_files` (atomically, with mode and owner), then deferred files, then
-//!    `runcmd`: all items in one shell as cloud-init does, stopping at the first failing item
-//!    ([`script`]), through a [`CommandRunner`].
+//! 3. [`execute()`]: `bootcmd` items, `write_files` (atomically, with mode and owner), the
+//!    host modules `mounts`, `users` and `ntp` ([`mounts`], [`users`], [`ntp`], each change
+//!    told to a [`journal::Journal`] first), then deferred files, then `runcmd`: all items in
+//!    one shell as cloud-init does, stopping at the first failing item ([`script`]), through a
+//!    [`CommandRunner`].
 //!
 //! Nothing is written and nothing runs unless the whole document validated. File contents and
 //! command output never reach logs: only paths, modes, indices and exit statuses are logged.
@@ -20,16 +22,20 @@ pub mod cli;
 mod document;
 mod encoding;
 mod execute;
+pub mod journal;
 mod modules;
+pub mod mounts;
+pub mod ntp;
 mod owner;
 mod runner;
 pub mod script;
 mod template;
+pub mod users;
 mod validate;
 
 pub use document::{Content, Document, RawCommand, RawWriteFile, parse};
 pub use encoding::Encoding;
-pub use execute::{ExecError, ExecReport, execute, write_file};
+pub use execute::{ExecError, ExecReport, execute, run_boot_command, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;
 pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail};
@@ -37,6 +43,12 @@ pub use template::{GO_DEFAULT_INTERFACE, InstanceData, SUPPORTED_JINJA_NAMES};
 pub use validate::{Command, FileWrite, Plan, ValidateOptions, validate};
 
 use std::fmt;
+
+/// Whether user `name` exists on the host under `root` (through the name service when `root`
+/// is `/`).
+pub fn user_exists(name: &str, root: &std::path::Path) -> bool {
+    owner::account(name, root).is_some()
+}
 
 /// Default timeout of one `runcmd` entry (30 minutes): long enough for `kubeadm join` pulling
 /// images over a slow link, short enough that a hung command does not block the host forever.
@@ -143,5 +155,7 @@ pub fn check_format(format: Option<&str>) -> Result<(), CloudConfigError> {
 mod fuzz_tests;
 #[cfg(test)]
 mod limits_tests;
+#[cfg(test)]
+mod modules_tests;
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,8 @@
 //!
 //! The classification covers the config keys of every module in the cloud-init modules
 //! reference (cloud-init 24.x/25.x, `doc/rtd/reference/modules.rst` and the module schemas).
-//! Implemented: `write_files`, `runcmd`. Accepted because they only describe the instance and
+//! Implemented: `write_files`, `runcmd`, and (see their own files) `bootcmd`, `users`,
+//! `mounts`, `ntp`, which the operator may still ignore. Accepted because they only describe the instance and
 //! change nothing here: see [`describe_only`]. Everything in [`IGNORABLE_MODULES`] changes the
 //! host in a way this agent does not implement and is refused by name, unless the operator
 //! lists it in `[bootstrap] ignore_modules` (accepted, not run). A key in none of these lists is
@@ -10,8 +11,10 @@
 
 use serde_yaml_ng::Value;
 
-/// Keys of cloud-init modules that change the host and that this agent does not implement,
-/// with what each does. They are refused unless listed in `[bootstrap] ignore_modules`.
+/// Keys of cloud-init modules that change the host and that may be listed in `[bootstrap]
+/// ignore_modules` (accepted, not run), with what each does. Those this agent does not
+/// implement are refused unless ignored; `bootcmd`, `users`, `mounts` and `ntp` are
+/// implemented (validation handles them before this table).
 pub const IGNORABLE_MODULES: &[(&str, &str)] = &[
     ("ansible", "runs Ansible"),
     ("apk_repos", "configures Alpine package repositories"),
@@ -178,6 +181,14 @@ pub(crate) fn module_verdict(key: &str, value: &Value) -> Option<Verdict> {
     let what = module_effect(key)?;
     if empty(value) {
         return Some(Verdict::Accept);
+    }
+    if matches!(key, "disk_setup" | "fs_setup") {
+        return Some(Verdict::Refuse(format!(
+            "module {key} ({what}) is not supported by byoh-agent: it would change the disks of a host that \
+             is already installed; prepare the disks before the host joins the pool and remove {key} \
+             (KubeadmConfig spec.diskSetup), or accept it without running it with \
+             [bootstrap] ignore_modules = [\"{key}\"] in the agent's config"
+        )));
     }
     Some(Verdict::Refuse(format!(
         "module {key} ({what}) is not supported by byoh-agent; remove it from the bootstrap data \

@@ -93,6 +93,52 @@ fn resolve_part(part: &str, db: Db, root: &Path) -> Result<u32, String> {
     })
 }
 
+/// The id of group `name` (a name or a numeric id), looked up as for owners.
+///
+/// # Errors
+/// A message naming the unknown group.
+pub(crate) fn group_id(name: &str, root: &Path) -> Result<u32, String> {
+    resolve_part(name, Db::Groups, root)
+}
+
+/// A user account: ids and home directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Account {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Home directory (a host path).
+    pub home: std::path::PathBuf,
+}
+
+/// The account `name`: through NSS when `root` is `/`, else from `root`'s `etc/passwd`;
+/// `None` when there is no such user.
+pub(crate) fn account(name: &str, root: &Path) -> Option<Account> {
+    if root == Path::new("/") {
+        return nix::unistd::User::from_name(name)
+            .ok()
+            .flatten()
+            .map(|u| Account {
+                uid: u.uid.as_raw(),
+                gid: u.gid.as_raw(),
+                home: u.dir,
+            });
+    }
+    let text = read(root, "etc/passwd").ok()?;
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        if f.len() < 7 || f[0] != name {
+            return None;
+        }
+        Some(Account {
+            uid: f[2].trim().parse().ok()?,
+            gid: f[3].trim().parse().ok()?,
+            home: std::path::PathBuf::from(f[5]),
+        })
+    })
+}
+
 /// Resolves an owner spec for files under `root`: through NSS when `root` is `/`, else from
 /// `root`'s `etc/passwd` and `etc/group`.
 ///

@@ -85,6 +85,14 @@ pub struct Plan {
     pub files: Vec<FileWrite>,
     /// `runcmd`, in order.
     pub commands: Vec<Command>,
+    /// `bootcmd`, in order: run before everything else, each item on its own.
+    pub boot_commands: Vec<Command>,
+    /// `users` (module `users`), in order.
+    pub users: Vec<super::users::User>,
+    /// `mounts` (module `mounts`), in order.
+    pub mounts: Vec<super::mounts::MountEntry>,
+    /// `ntp` (module `ntp`), when there is something to configure.
+    pub ntp: Option<super::ntp::Ntp>,
     /// Modules present in the document and accepted without running (`ignore_modules`).
     pub ignored_modules: Vec<String>,
     /// Keys accepted because they change nothing here (e.g. `hostname` equal to the host name).
@@ -254,7 +262,39 @@ pub fn validate(doc: &Document, opts: &ValidateOptions<'_>) -> Result<Plan, Clou
         ..Plan::default()
     };
 
+    let ignored = |key: &str| opts.ignore_modules.iter().any(|m| m == key);
     for (key, value) in &doc.other {
+        if !ignored(key) {
+            let mut found = |r: Result<(), Vec<Problem>>| {
+                if let Err(ps) = r {
+                    problems.extend(ps);
+                }
+            };
+            match key.as_str() {
+                "users" => {
+                    found(super::users::parse(value, opts.root).map(|(users, notes)| {
+                        plan.users = users;
+                        plan.notes.extend(notes);
+                    }));
+                    continue;
+                }
+                "mounts" => {
+                    found(super::mounts::parse(value).map(|m| plan.mounts = m));
+                    continue;
+                }
+                "ntp" => {
+                    found(super::ntp::parse(value, opts.root).map(|(n, note)| {
+                        if n.is_none() {
+                            plan.accepted_keys.push(key.clone());
+                        }
+                        plan.ntp = n;
+                        plan.notes.extend(note);
+                    }));
+                    continue;
+                }
+                _ => {}
+            }
+        }
         if let Some(v) = describe_only(key, value, opts.host_name) {
             match v {
                 Verdict::Accept => plan.accepted_keys.push(key.clone()),
@@ -266,7 +306,7 @@ pub fn validate(doc: &Document, opts: &ValidateOptions<'_>) -> Result<Plan, Clou
             continue;
         }
         match module_verdict(key, value) {
-            Some(_) if opts.ignore_modules.iter().any(|m| m == key) => {
+            Some(_) if ignored(key) => {
                 plan.ignored_modules.push(key.clone())
             }
             Some(Verdict::Accept) => plan.accepted_keys.push(key.clone()),
@@ -317,6 +357,24 @@ pub fn validate(doc: &Document, opts: &ValidateOptions<'_>) -> Result<Plan, Clou
             }),
             Err(message) if !already(&problems, &at) => problems.push(Problem { at, message }),
             Err(_) => {}
+        }
+    }
+
+    if ignored("bootcmd") {
+        if !doc.bootcmd.is_empty() {
+            plan.ignored_modules.push("bootcmd".into());
+        }
+    } else {
+        for (i, c) in doc.bootcmd.iter().enumerate() {
+            let at = format!("bootcmd[{i}]");
+            match validate_command(c) {
+                Ok(()) => plan.boot_commands.push(Command {
+                    index: i,
+                    form: c.clone(),
+                }),
+                Err(message) if !already(&problems, &at) => problems.push(Problem { at, message }),
+                Err(_) => {}
+            }
         }
     }
 

@@ -90,8 +90,10 @@ pub struct RawAgent {
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawBootstrap {
-    /// cloud-config modules accepted without running them, e.g. `["ntp"]`, for hosts already set
-    /// up for them; write_files and runcmd always run.
+    /// cloud-config modules accepted without running them, e.g. `["ntp"]` or `["disk_setup",
+    /// "fs_setup"]`, for hosts already set up for them; write_files and runcmd always run.
+    /// `bootcmd`, `users`, `mounts` and `ntp` run unless listed here (see docs/architecture.md,
+    /// "Cloud-config").
     #[schemars(with = "Option<Vec<String>>")]
     pub ignore_modules: Option<Spanned<Vec<String>>>,
     /// Timeout of each runcmd command, e.g. `30m` (10s to 24h); a command still running then is

@@ -55,6 +55,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .map(PathBuf::from)
                     .collect(),
                 network_before,
+                host_changes: Default::default(),
             });
             self.save(state)?;
             tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");
@@ -173,6 +174,32 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
             failpoint(&step).await;
             match next {
+                BootstrapStep::BootCmd(index) => {
+                    let Some(c) = plan.boot_commands.iter().find(|c| c.index == index) else {
+                        continue;
+                    };
+                    self.record_start(state, &step, Rerun::Never)?;
+                    if let Err(e) =
+                        cloudinit::run_boot_command(c, &self.runner, self.settings.command_timeout)
+                            .await
+                    {
+                        self.record_finish(state, &step, Err(e.to_string()))?;
+                        return self
+                            .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])
+                            .await;
+                    }
+                    self.record_finish(state, &step, Ok(()))?;
+                }
+                BootstrapStep::Mount(_) | BootstrapStep::User(_) | BootstrapStep::Ntp => {
+                    self.record_start(state, &step, Rerun::Idempotent)?;
+                    if let Err(message) = self.run_module_step(&plan, next, state).await {
+                        self.record_finish(state, &step, Err(message.clone()))?;
+                        return self
+                            .fail(host, state, reasons::BOOTSTRAP_FAILED, message, &[])
+                            .await;
+                    }
+                    self.record_finish(state, &step, Ok(()))?;
+                }
                 BootstrapStep::Install => {
                     let Some(installer_ref) = installer_ref else {
                         continue;
@@ -396,7 +423,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
 
     /// Records how to undo a write of `path`: a backup of the existing file (kept once, the
     /// first time), and the directories that will be created.
-    fn backup(&self, state: &HostState, path: &Path) -> Result<WrittenFile, WorkError> {
+    pub(super) fn backup(&self, state: &HostState, path: &Path) -> Result<WrittenFile, WorkError> {
         if let Some(known) = state
             .claim
             .as_ref()

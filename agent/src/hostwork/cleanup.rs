@@ -219,6 +219,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 self.cleanup_step(state, next, |me| async move {
                     let root = &me.settings.root;
                     if let Some(w) = &work {
+                        me.unmount_claimed(w)?;
                         for f in w.written_files.iter().rev() {
                             let p = under(root, &f.path);
                             match (&f.backup, &f.original) {
@@ -245,6 +246,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                                 let _ = std::fs::remove_dir(under(root, d));
                             }
                         }
+                        me.revert_host_changes(w).await?;
                         for d in RUNTIME_DIRS {
                             if !w.preexisting_dirs.iter().any(|p| p == Path::new(d)) {
                                 crate::mounts::remove_tree(&under(root, Path::new(d)))?;

@@ -7,16 +7,18 @@
 //! `cleanedMachineUID` and the conditions `Ready`, `BootstrapSucceeded`, `CleanupSucceeded`.
 //!
 //! Bootstrap: read the bootstrap Secret → parse and validate the cloud-config (nothing runs if
-//! it is refused) → install Kubernetes components if the claim names a K8sInstallerConfig
+//! it is refused) → each `bootcmd` item → install Kubernetes components if the claim names a K8sInstallerConfig
 //! ([`crate::installer`], resumable) → write the kubelet provider-id drop-in → `write_files` one by one (backing up
-//! files that existed) → `runcmd` in one shell, one step per item (`runcmd.rs`) → success is the CAPI sentinel
+//! files that existed) → `mounts`, `users`, `ntp` (`hostwork/modules.rs`, each change recorded)
+//! → deferred files → `runcmd` in one shell, one step per item (`runcmd.rs`) → success is the CAPI sentinel
 //! `/run/cluster-api/bootstrap-success.complete`. It runs at most once per (ByoMachine UID,
 //! bootstrap Secret resourceVersion).
 //!
 //! Clean-up (release requested, a `needsCleanup` mark, or leftovers of a claim that is gone;
 //! `hostwork/cleanup.rs`): `kubeadm reset --force --cri-socket <the kubelet's endpoint>` if
-//! kubeadm exists ([`reset`]) → stop and disable kubelet → remove what bootstrap created
-//! (restoring backed-up files) and the Kubernetes runtime directories that did not exist before
+//! kubeadm exists ([`reset`]) → stop and disable kubelet → unmount the claim's `mounts`,
+//! remove what bootstrap created (restoring backed-up files), delete the users it created,
+//! restart the time service it configured and the Kubernetes runtime directories that did not exist before
 //! the claim, never deleting behind a mount ([`crate::mounts`]) → daemon-reload → uninstall
 //! exactly what the installer recorded → prove the host clean ([`verify`]) → report
 //! `cleanedMachineUID`. Every step is idempotent; missing tools, units and files are skipped; a
@@ -60,10 +62,19 @@ pub const RUNTIME_DIRS: &[&str] = &[
 pub const FAILPOINT_ENV: &str = "BYOH_FAILPOINT";
 
 /// One step of the bootstrap. Its [`Display`](std::fmt::Display) form is the step's name in
-/// `state.json` and in the failpoint `pause-before:<step>`: `install`, `provider-id`,
-/// `write_files[N]`, `runcmd[N]` (N is the entry's index in the cloud-config) and `sentinel`.
+/// `state.json` and in the failpoint `pause-before:<step>`: `bootcmd[N]`, `install`,
+/// `provider-id`, `write_files[N]`, `mounts[N]`, `users[N]`, `ntp`, `runcmd[N]` (N is the
+/// entry's index in the cloud-config) and `sentinel`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BootstrapStep {
+    /// Run `bootcmd[N]` (cloud-init module `bootcmd`), before everything else.
+    BootCmd(usize),
+    /// Add `mounts[N]` to fstab and mount it (cloud-init module `mounts`).
+    Mount(usize),
+    /// Create `users[N]` (cloud-init module `users`).
+    User(usize),
+    /// Configure the time service (cloud-init module `ntp`).
+    Ntp,
     /// Install Kubernetes components as the claim's K8sInstallerConfig asks.
     Install,
     /// Write the kubelet drop-in with the claim's providerID ([`PROVIDER_ID_DROPIN`]).
@@ -79,6 +90,10 @@ pub enum BootstrapStep {
 impl std::fmt::Display for BootstrapStep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            BootstrapStep::BootCmd(i) => write!(f, "bootcmd[{i}]"),
+            BootstrapStep::Mount(i) => write!(f, "mounts[{i}]"),
+            BootstrapStep::User(i) => write!(f, "users[{i}]"),
+            BootstrapStep::Ntp => f.write_str("ntp"),
             BootstrapStep::Install => f.write_str("install"),
             BootstrapStep::ProviderId => f.write_str("provider-id"),
             BootstrapStep::WriteFile(i) => write!(f, "write_files[{i}]"),
@@ -89,16 +104,34 @@ impl std::fmt::Display for BootstrapStep {
 }
 
 /// Every step of a bootstrap, in the order [`HostWorker`] runs them (it runs exactly this
-/// list): `install` when the claim names a K8sInstallerConfig and installation is not skipped
-/// (`install`), the provider-id drop-in, each `write_files` entry of `plan` in execution order
-/// (deferred ones last), each `runcmd` entry, then the sentinel check.
+/// list): each `bootcmd` item, `install` when the claim names a K8sInstallerConfig and
+/// installation is not skipped (`install`), the provider-id drop-in, each `write_files` entry
+/// of `plan` that is not deferred, each `mounts` entry, each `users` entry, `ntp` (cloud-init's
+/// init and config stages), the deferred `write_files` entries, each `runcmd` entry, then the
+/// sentinel check.
 pub fn bootstrap_steps(install: bool, plan: &cloudinit::Plan) -> Vec<BootstrapStep> {
-    let mut steps = Vec::new();
+    let mut steps: Vec<BootstrapStep> = plan
+        .boot_commands
+        .iter()
+        .map(|c| BootstrapStep::BootCmd(c.index))
+        .collect();
     if install {
         steps.push(BootstrapStep::Install);
     }
     steps.push(BootstrapStep::ProviderId);
-    steps.extend(plan.files.iter().map(|f| BootstrapStep::WriteFile(f.index)));
+    let files = |defer: bool| {
+        plan.files
+            .iter()
+            .filter(move |f| f.defer == defer)
+            .map(|f| BootstrapStep::WriteFile(f.index))
+    };
+    steps.extend(files(false));
+    steps.extend(plan.mounts.iter().map(|m| BootstrapStep::Mount(m.index)));
+    steps.extend(plan.users.iter().map(|u| BootstrapStep::User(u.index)));
+    if plan.ntp.is_some() {
+        steps.push(BootstrapStep::Ntp);
+    }
+    steps.extend(files(true));
     steps.extend(plan.commands.iter().map(|c| BootstrapStep::RunCmd(c.index)));
     steps.push(BootstrapStep::Sentinel);
     steps
@@ -246,6 +279,14 @@ pub enum WorkError {
     /// Removing a directory met a mount that could not be unmounted (or a filesystem error).
     #[error(transparent)]
     Mount(#[from] crate::mounts::MountError),
+    /// Reverting a change of the cloud-config modules (`users`, `ntp`) failed.
+    #[error("{what}: {message}")]
+    Revert {
+        /// What was being reverted.
+        what: String,
+        /// The tool's error.
+        message: String,
+    },
     /// The host is not clean after the clean-up (each line names what is left and its fix).
     #[error(
         "the host is not clean after the clean-up: {}; fix it and the agent checks again (at most every 30 s)",
@@ -307,6 +348,7 @@ struct BootstrapData {
 mod bootstrap;
 mod cleanup;
 pub mod leftovers;
+mod modules;
 mod probe;
 pub mod reset;
 mod restore;

@@ -116,7 +116,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 let step = match &e {
                     cloudinit::ExecError::Command { index, .. }
                     | cloudinit::ExecError::Start { index, .. } => format!("runcmd[{index}]"),
-                    cloudinit::ExecError::File { .. } => format!("runcmd[{index}]"),
+                    cloudinit::ExecError::File { .. }
+                    | cloudinit::ExecError::Boot { .. }
+                    | cloudinit::ExecError::Module { .. } => format!("runcmd[{index}]"),
                 };
                 if let Some(w) = state.claim.as_mut() {
                     if w.step(&step).is_none() {
@@ -157,6 +159,7 @@ mod tests {
             outcome: None,
             preexisting_dirs: Vec::new(),
             network_before: None,
+            host_changes: Default::default(),
         }
     }
 

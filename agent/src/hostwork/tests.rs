@@ -32,6 +32,7 @@ fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
         outcome,
         preexisting_dirs: vec![],
         network_before: None,
+        host_changes: Default::default(),
     }
 }
 
@@ -187,7 +188,7 @@ fn provider_id_dropin_replaces_exec_start_with_the_flag() {
 #[test]
 fn bootstrap_steps_name_every_step_in_order() {
     let doc = cloudinit::parse(
-        "#cloud-config\nwrite_files:\n- path: /etc/a\n  content: a\n  defer: true\n- path: /etc/b\n  content: b\nruncmd:\n- echo one\n- [\"true\"]\n",
+        "#cloud-config\nbootcmd:\n- echo early\nwrite_files:\n- path: /etc/a\n  content: a\n  defer: true\n- path: /etc/b\n  content: b\nruncmd:\n- echo one\n- [\"true\"]\nusers:\n- name: ops\nmounts:\n- [tmpfs, /mnt/t, tmpfs]\n",
         &InstanceData {
             local_hostname: "h".into(),
             instance_id: "h".into(),
@@ -211,20 +212,24 @@ fn bootstrap_steps_name_every_step_in_order() {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
     };
-    // Deferred files are written after the others.
+    // bootcmd first; mounts and users after the files that are not deferred (cloud-init's
+    // init stage), deferred files after them.
     assert_eq!(
         names(true),
         [
+            "bootcmd[0]",
             "install",
             "provider-id",
             "write_files[1]",
+            "mounts[0]",
+            "users[0]",
             "write_files[0]",
             "runcmd[0]",
             "runcmd[1]",
             "sentinel"
         ]
     );
-    assert_eq!(names(false)[0], "provider-id");
+    assert_eq!(names(false)[1], "provider-id");
     assert_eq!(
         CLEANUP_STEPS.map(|s| s.to_string()),
         [
