@@ -1,7 +1,7 @@
 //! Preflight checks (`byoh-agent doctor`, and the agent before it offers its host).
 //!
 //! Two halves: [`run_checks`] reads the host (procfs, `/sys`, systemd over D-Bus, the API server's
-//! `Date` header, DNS) into plain [`Inputs`]; [`evaluate`] turns them into one [`Check`] per
+//! `Date` header, DNS) into plain [`Inputs`]; [`evaluate()`] turns them into one [`Check`] per
 //! subject with a [`Severity`] and a fix. Only `evaluate` decides, and it is pure (table tests).
 //!
 //! Severities follow what breaks a claim: a problem the installer repairs during a claim
@@ -177,7 +177,7 @@ pub enum CertificateProbe {
     },
 }
 
-/// Everything [`evaluate`] decides on.
+/// Everything [`evaluate()`] decides on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Inputs {
     /// [`crate::facts::check_supported`]'s verdict: the OS name, or the refusal.
