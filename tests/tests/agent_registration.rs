@@ -23,6 +23,35 @@ async fn unit(host: &Host, props: &str) -> String {
         .unwrap()
 }
 
+/// `systemctl enable --now byoh-agent` fails with exit status `code` and systemd does not
+/// restart it (checked past `RestartSec`, 5 s); the unit's state and the agent's journal.
+async fn fails_once(host: &Host, code: &str) -> (String, String) {
+    let out = host
+        .exec(&["systemctl", "enable", "--now", "byoh-agent"])
+        .await
+        .unwrap();
+    assert!(!out.success(), "start must fail");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let shown = unit(
+        host,
+        "ActiveState,Result,ExecMainStatus,NRestarts,StatusText",
+    )
+    .await;
+    for expected in [
+        "ActiveState=failed".to_string(),
+        format!("ExecMainStatus={code}"),
+        "NRestarts=0".to_string(),
+    ] {
+        assert!(shown.contains(&expected), "{expected} not in {shown}");
+    }
+    let messages = host
+        .journal_messages("byoh-agent")
+        .await
+        .unwrap()
+        .join("\n");
+    (shown, messages)
+}
+
 async fn renew_time(leases: &Api<Lease>, name: &str) -> Option<String> {
     let lease = leases.get_opt(name).await.ok()??;
     lease.spec?.renew_time.map(|t| t.0.to_string())
@@ -219,22 +248,7 @@ async fn unknown_config_key_fails_with_78_and_no_restart_loop() {
     agent::install_agent(&host, &config(ns.name(), "lease_duraton = \"40s\"\n"), None)
         .await
         .unwrap();
-    let out = host
-        .exec(&["systemctl", "start", "byoh-agent"])
-        .await
-        .unwrap();
-    assert!(!out.success(), "start must fail");
-    // RestartSec is 5 s: wait past it and check nothing restarted.
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    let shown = unit(&host, "ActiveState,Result,ExecMainStatus,NRestarts").await;
-    for expected in ["ActiveState=failed", "ExecMainStatus=78", "NRestarts=0"] {
-        assert!(shown.contains(expected), "{expected} not in {shown}");
-    }
-    let messages = host
-        .journal_messages("byoh-agent")
-        .await
-        .unwrap()
-        .join("\n");
+    let (_, messages) = fails_once(&host, "78").await;
     assert!(
         messages.contains("/etc/byoh/agent.toml:8: agent.lease_duraton: unknown field"),
         "{messages}"
@@ -264,27 +278,13 @@ async fn missing_bootstrap_kubeconfig_fails_with_78_one_clear_message_and_no_res
     agent::install_agent(&host, &config(ns.name(), ""), None)
         .await
         .unwrap();
-    let out = host
-        .exec(&["systemctl", "enable", "--now", "byoh-agent"])
-        .await
-        .unwrap();
-    assert!(!out.success(), "start must fail");
-    // RestartSec is 5 s: wait past it and check nothing restarted.
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    let shown = unit(&host, "ActiveState,ExecMainStatus,NRestarts,StatusText").await;
-    for expected in [
-        "ActiveState=failed",
-        "ExecMainStatus=78",
-        "NRestarts=0",
-        "StatusText=Stopped: the bootstrap kubeconfig /etc/byoh/bootstrap-kubeconfig cannot be read",
-    ] {
-        assert!(shown.contains(expected), "{expected} not in {shown}");
-    }
-    let messages = host
-        .journal_messages("byoh-agent")
-        .await
-        .unwrap()
-        .join("\n");
+    let (shown, messages) = fails_once(&host, "78").await;
+    assert!(
+        shown.contains(
+            "StatusText=Stopped: the bootstrap kubeconfig /etc/byoh/bootstrap-kubeconfig cannot be read"
+        ),
+        "{shown}"
+    );
     assert!(
         messages.contains("the bootstrap kubeconfig /etc/byoh/bootstrap-kubeconfig cannot be read: No such file or directory")
             && messages.contains("systemctl restart byoh-agent"),
