@@ -3,7 +3,8 @@
 //! module proxy (`tests/capi/build`) and run as processes by `tests/capi/up` with their own
 //! CRDs, RBAC (ServiceAccount tokens) and webhooks, act on the objects of
 //! `clusterctl generate cluster` — BYOH's release templates, default flavor, applied as
-//! generated — with `byoh-controller` running as a process under its generated RBAC.
+//! generated but for the host modules a user adds to the control plane's KubeadmConfig
+//! (`bootCommands`, `users`, `ntp`, `mounts`: CABPK renders them, the agent must accept them) — with `byoh-controller` running as a process under its generated RBAC.
 //!
 //! Asserted on what Cluster API reports: the Cluster's infrastructure is provisioned from our
 //! ByoCluster (endpoint copied); KCP creates the first control-plane Machine with its
@@ -105,6 +106,53 @@ fn clusterctl(bin: &Path, tmp: &Path, config: &Path, args: &[&str]) -> Command {
         .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
         .env_remove("BYOH_WATCH_NAMESPACE");
     cmd
+}
+
+/// The KubeadmConfig fields CABPK renders into cloud-init modules (`bootCommands` → `bootcmd`,
+/// `users`, `ntp`, `mounts`; issue 16 B.5), added to the generated KubeadmControlPlane's
+/// `kubeadmConfigSpec` as a user would, so CABPK itself renders them for the agent.
+const HOST_MODULES: &str = "bootCommands:
+- echo byoh-bootcmd > /run/byoh-bootcmd
+users:
+- name: capi-admin
+  sshAuthorizedKeys:
+  - ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIByohTestKeyByohTestKeyByohTestKeyByohTe capi-admin
+  sudo: ALL=(ALL) NOPASSWD:ALL
+ntp:
+  enabled: true
+  servers:
+  - 198.18.0.1
+mounts:
+- - tmpfs
+  - /mnt/byoh-scratch
+  - tmpfs
+";
+
+/// `generated` with [`HOST_MODULES`] under the KubeadmControlPlane's `kubeadmConfigSpec:`
+/// (indented as that key's other children).
+fn with_host_modules(generated: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let mut done = false;
+    let mut lines = generated.lines().peekable();
+    while let Some(line) = lines.next() {
+        out.push_str(line);
+        out.push('\n');
+        if !done && line.trim_end() == "  kubeadmConfigSpec:" {
+            let indent: String = lines
+                .peek()
+                .map(|l| l.chars().take_while(|c| *c == ' ').collect())
+                .unwrap_or_default();
+            for m in HOST_MODULES.lines() {
+                out.push_str(&format!("{indent}{m}\n"));
+            }
+            done = true;
+        }
+    }
+    ensure!(
+        done,
+        "no KubeadmControlPlane kubeadmConfigSpec in:\n{generated}"
+    );
+    Ok(out)
 }
 
 fn dynamic(client: &Client, ns: &str, group: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
@@ -298,6 +346,7 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
         ],
     )
     .env("CONTROL_PLANE_ENDPOINT_IP", ENDPOINT))?;
+    let generated = with_host_modules(&generated)?;
     security_common::apply_yaml(&bed.admin, &generated, false)
         .await
         .context("applying the output of clusterctl generate cluster")?;
@@ -463,6 +512,11 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
         "/etc/kubernetes/manifests/kube-vip.yaml",
         "kubeadm init",
         "/run/cluster-api/bootstrap-success.complete",
+        // CABPK's own rendering of the KubeadmConfig's host modules (issue 16 B.5).
+        "byoh-bootcmd",
+        "capi-admin",
+        "/mnt/byoh-scratch",
+        "with 1 servers",
     ] {
         ensure!(
             described.contains(want),
