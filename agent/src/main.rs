@@ -188,7 +188,7 @@ fn dispatch(cli: Cli) -> Result<(), AgentError> {
                     path: "tokio runtime".into(),
                     source,
                 })?;
-            runtime.block_on(byoh_agent::reconcile::run(settings, Path::new("/")))?;
+            runtime.block_on(byoh_agent::daemon::run(settings, Path::new("/")))?;
         }
     }
     Ok(())

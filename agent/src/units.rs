@@ -3,12 +3,11 @@
 //! systemd's PropertiesChanged signals on the units' `ActiveState`/`SubState` drive it, so a
 //! killed kubelet shows within a second or two.
 
+use crate::host::{ConditionUpdate, HostApiError, HostHandle};
 use crate::systemd::UnitState;
 use crate::systemd::dbus::SystemdManager;
-use byoh_api::ByoHost;
 use byoh_api::conditions::{reasons, types};
 use futures::StreamExt;
-use kube::api::Api;
 use std::time::Duration;
 
 /// The kubelet's unit (`kubelet.service`).
@@ -43,13 +42,7 @@ pub fn condition_for(unit: &str, state: &UnitState) -> (bool, &'static str, Stri
 
 /// Watches the reported units and applies their conditions on every change, until aborted.
 /// Reconnects (after 5 s) when the watch or the API fails.
-pub async fn report_loop(
-    client: kube::Client,
-    namespace: String,
-    name: String,
-    systemd: SystemdManager,
-) {
-    let hosts: Api<ByoHost> = Api::namespaced(client, &namespace);
+pub async fn report_loop(host: HostHandle, systemd: SystemdManager) {
     let mut last: Vec<Option<UnitState>> = vec![None; REPORTED_UNITS.len()];
     loop {
         let mut streams = Vec::new();
@@ -70,10 +63,10 @@ pub async fn report_loop(
             // Retry until reported (the API server may be away); later changes wait meanwhile
             // and are folded in, since `last` always holds the newest states.
             let mut delay = Duration::from_secs(1);
-            while let Err(e) = apply(&hosts, &name, &last).await {
+            while let Err(e) = apply(&host, &last).await {
                 tracing::warn!(
                     "reporting unit conditions failed: {}; retrying in {}s",
-                    byoh_api::apierror::line(&e),
+                    e,
                     delay.as_secs()
                 );
                 tokio::time::sleep(delay).await;
@@ -85,11 +78,7 @@ pub async fn report_loop(
     }
 }
 
-async fn apply(
-    hosts: &Api<ByoHost>,
-    name: &str,
-    states: &[Option<UnitState>],
-) -> Result<(), kube::Error> {
+async fn apply(host: &HostHandle, states: &[Option<UnitState>]) -> Result<(), HostApiError> {
     let owned: Vec<&str> = REPORTED_UNITS.iter().map(|(_, t)| *t).collect();
     let reported: Vec<(&str, (bool, &str, String))> = REPORTED_UNITS
         .iter()
@@ -100,19 +89,12 @@ async fn apply(
                 .map(|state| (*ctype, condition_for(unit, state)))
         })
         .collect();
-    let updates: Vec<crate::hoststatus::Update> = reported
+    let updates: Vec<ConditionUpdate> = reported
         .iter()
         .map(|(ctype, (ok, reason, message))| (*ctype, *ok, *reason, message.as_str()))
         .collect();
-    crate::hoststatus::apply_conditions(
-        hosts,
-        name,
-        FIELD_MANAGER,
-        &owned,
-        &updates,
-        serde_json::json!({}),
-    )
-    .await
+    host.apply_conditions(FIELD_MANAGER, &owned, &updates, serde_json::json!({}))
+        .await
 }
 
 #[cfg(test)]

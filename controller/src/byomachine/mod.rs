@@ -200,12 +200,10 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
         || cluster.as_deref().is_some_and(capi::cluster_paused);
     let generation = bm.meta().generation;
     let mut status = bm.status.clone().unwrap_or_default();
-    let changed = conditions::set_paused(
+    let changed = conditions::Marker::new(generation, Time(now())).mark_paused(
         &mut status.conditions,
         paused,
         "the Cluster or the ByoMachine is paused",
-        generation,
-        Time(now()),
     );
     if paused {
         if changed {
@@ -295,26 +293,10 @@ pub fn gate(machine: &Machine, cluster: &Cluster) -> Option<(&'static str, &'sta
 }
 
 fn wait(status: &mut ByoMachineStatus, reason: &str, message: &str, generation: Option<i64>) {
-    let t = Time(now());
-    conditions::set(
-        &mut status.conditions,
-        types::READY,
-        false,
-        reason,
-        message,
-        generation,
-        t.clone(),
-    );
+    let marker = conditions::Marker::new(generation, Time(now()));
+    marker.mark_false(&mut status.conditions, types::READY, reason, message);
     if status.host_ref.is_none() {
-        conditions::set(
-            &mut status.conditions,
-            types::HOST_CLAIMED,
-            false,
-            reason,
-            message,
-            generation,
-            t,
-        );
+        marker.mark_false(&mut status.conditions, types::HOST_CLAIMED, reason, message);
     }
 }
 

@@ -48,14 +48,11 @@ pub(super) async fn provision(
                     ),
                     generation,
                 );
-                conditions::set(
+                conditions::Marker::new(generation, Time(now())).mark_false(
                     &mut status.conditions,
                     types::HOST_CLAIMED,
-                    false,
                     reasons::HOST_DELETED,
                     "",
-                    generation,
-                    Time(now()),
                 );
                 apply_status(api, bm, &status).await?;
                 return Ok(Action::await_change());
@@ -148,34 +145,28 @@ pub(super) async fn provision(
         return Err(Error::Invalid("no host after claim".into()));
     };
     let host_name = host.name_any();
-    let t = Time(now());
+    let marker = conditions::Marker::new(generation, Time(now()));
     status.host_ref = Some(HostReference {
         name: host_name.clone(),
         uid: host.uid().unwrap_or_default(),
     });
     status.failure_domain = host.labels().get(labels::FAILURE_DOMAIN).cloned();
-    conditions::set(
+    marker.mark_true(
         &mut status.conditions,
         types::HOST_CLAIMED,
-        true,
         reasons::AS_EXPECTED,
         "",
-        generation,
-        t.clone(),
     );
 
     let hs = host.status.clone().unwrap_or_default();
     let bootstrapped = conditions::is_true(&hs.conditions, types::BOOTSTRAP_SUCCEEDED)
         && hs.observed_machine_uid.as_deref() == Some(n.uid.as_str());
     if !bootstrapped {
-        conditions::set(
+        marker.mark_false(
             &mut status.conditions,
             types::READY,
-            false,
             reasons::WAITING_FOR_BOOTSTRAP,
             &format!("waiting for ByoHost {host_name} to report BootstrapSucceeded"),
-            generation,
-            t,
         );
         apply_status(api, bm, &status).await?;
         return Ok(Action::await_change());
@@ -199,14 +190,11 @@ pub(super) async fn provision(
     status.initialization = Some(Initialization {
         provisioned: Some(true),
     });
-    conditions::set(
+    marker.mark_true(
         &mut status.conditions,
         types::READY,
-        true,
         reasons::AS_EXPECTED,
         "",
-        generation,
-        t,
     );
     apply_status(api, bm, &status).await?;
     Ok(Action::await_change())

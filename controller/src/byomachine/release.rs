@@ -185,14 +185,11 @@ pub(super) async fn release(
             }
         }
     }
-    conditions::set(
+    conditions::Marker::new(generation, Time(t)).mark_false(
         &mut status.conditions,
         types::READY,
-        false,
         reasons::RELEASING,
         &format!("waiting for the agent on ByoHost {host_name} to reset the host"),
-        generation,
-        Time(t),
     );
     // Wake up when the Lease would expire or the timeout passes, whichever is first; agent
     // progress arrives as host events.
