@@ -175,12 +175,9 @@ impl HostHandle {
             "kind": "ByoHost",
             "metadata": { "name": self.name, "labels": labels },
         });
+        let params = PatchParams::apply(field_manager).force();
         self.hosts
-            .patch(
-                &self.name,
-                &PatchParams::apply(field_manager).force(),
-                &Patch::Apply(patch),
-            )
+            .patch(&self.name, &params, &Patch::Apply(patch))
             .await
             .map_err(self.err("applying labels of", "ByoHost"))
     }
@@ -202,12 +199,9 @@ impl HostHandle {
             "metadata": { "name": self.name },
             "status": status,
         });
+        let params = PatchParams::apply(field_manager).force();
         self.hosts
-            .patch_status(
-                &self.name,
-                &PatchParams::apply(field_manager).force(),
-                &Patch::Apply(patch),
-            )
+            .patch_status(&self.name, &params, &Patch::Apply(patch))
             .await
             .map_err(self.err("applying status of", "ByoHost"))
     }

@@ -2,7 +2,10 @@
 //! providerID, addresses and readiness once it has bootstrapped.
 
 use super::claim::{Claimed, claim_host, find_claimed_host};
-use super::{WAIT_FOR_HOST_REQUEUE, apply_status, gate, machine_cached, names, now, wait};
+use super::{
+    WAIT_FOR_HOST_REQUEUE, apply_status, claim_blocker, machine_cached, machine_ref, mark_waiting,
+    now,
+};
 use crate::capi::{Cluster, Machine};
 use crate::context::Context;
 use crate::error::Error;
@@ -27,7 +30,7 @@ pub(super) async fn provision(
     cluster: &Cluster,
     mut status: ByoMachineStatus,
 ) -> Result<Action, Error> {
-    let n = names(bm)?;
+    let n = machine_ref(bm)?;
     let generation = bm.meta().generation;
     let cluster_name = cluster.name_any();
 
@@ -39,7 +42,7 @@ pub(super) async fn provision(
             let provisioned =
                 status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
             if provisioned {
-                wait(
+                mark_waiting(
                     &mut status,
                     reasons::HOST_DELETED,
                     &format!(
@@ -59,8 +62,8 @@ pub(super) async fn provision(
             }
             status.host_ref = None;
         }
-        if let Some((reason, message)) = gate(machine, cluster) {
-            wait(&mut status, reason, message, generation);
+        if let Some((reason, message)) = claim_blocker(machine, cluster) {
+            mark_waiting(&mut status, reason, message, generation);
             apply_status(api, bm, &status).await?;
             return Ok(Action::await_change());
         }
@@ -118,7 +121,7 @@ pub(super) async fn provision(
                 host = Some(h);
             }
             Claimed::NoneEligible(why) => {
-                wait(
+                mark_waiting(
                     &mut status,
                     reasons::NO_HOST_AVAILABLE,
                     &format!("no free, live ByoHost fits: {why}"),
@@ -128,7 +131,7 @@ pub(super) async fn provision(
                 return Ok(Action::requeue(WAIT_FOR_HOST_REQUEUE));
             }
             Claimed::Contended => {
-                wait(
+                mark_waiting(
                     &mut status,
                     reasons::NO_HOST_AVAILABLE,
                     "every pick was taken by a concurrent claim; retrying",

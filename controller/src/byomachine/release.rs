@@ -2,7 +2,7 @@
 //! once (host offline, timeout, forced) and mark the host `needsCleanup`.
 
 use super::claim::find_claimed_host;
-use super::{Names, now, owner_machine_ref};
+use super::{MachineRef, now, owner_machine_ref};
 use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
 use crate::selection;
@@ -75,7 +75,7 @@ pub(super) async fn drop_claim(
 pub(super) async fn release(
     ctx: &Context,
     bm: &ByoMachine,
-    n: &Names,
+    n: &MachineRef,
     status: &mut ByoMachineStatus,
 ) -> Result<Option<Action>, Error> {
     let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &n.ns);
