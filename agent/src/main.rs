@@ -20,16 +20,7 @@ fn main() -> ExitCode {
         Command::Plan { command } => {
             byoh_agent::installer::cli::run(Action::Plan(command), &config)
         }
-        Command::Install {
-            config_file,
-            kubernetes_version,
-        } => byoh_agent::installer::cli::run(
-            Action::Install {
-                config_file,
-                kubernetes_version,
-            },
-            &config,
-        ),
+        Command::Install(args) => byoh_agent::installer::cli::run(Action::Install(args), &config),
         Command::Uninstall => byoh_agent::installer::cli::run(Action::Uninstall, &config),
         // Subcommands whose failures are [`AgentError`]s, with their exit codes.
         Command::GenDocs { document } => {

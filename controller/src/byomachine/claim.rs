@@ -16,12 +16,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The host claimed for this ByoMachine's UID: from the cache (lowest name if several), else
-/// a claim this process made that the cache does not show yet.
-pub(super) async fn find_claimed_host(
-    ctx: &Context,
-    n: &MachineRef,
-) -> Result<Option<Arc<ByoHost>>, Error> {
+/// The cached ByoHosts of the ByoMachine's namespace that carry its UID in their claim, by
+/// name (normally one; more only after two controllers raced).
+pub(super) fn hosts_claimed_by(ctx: &Context, n: &MachineRef) -> Vec<Arc<ByoHost>> {
     let mut claimed: Vec<Arc<ByoHost>> = ctx
         .hosts
         .state()
@@ -32,7 +29,16 @@ pub(super) async fn find_claimed_host(
         })
         .collect();
     claimed.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    if let Some(h) = claimed.into_iter().next() {
+    claimed
+}
+
+/// The host claimed for this ByoMachine's UID: from the cache (lowest name if several), else
+/// a claim this process made that the cache does not show yet.
+pub(super) async fn find_claimed_host(
+    ctx: &Context,
+    n: &MachineRef,
+) -> Result<Option<Arc<ByoHost>>, Error> {
+    if let Some(h) = hosts_claimed_by(ctx, n).into_iter().next() {
         return Ok(Some(h));
     }
     let mut claims = ctx.claims();

@@ -14,7 +14,6 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Drops the claim of `machine_uid` from `host` (and its labels and release annotation),
@@ -96,16 +95,7 @@ pub(super) async fn release(
         Some(h) if h.claimed_by() == Some(n.uid.as_str()) => h,
         _ => {
             // Maybe the claim sits on another host (a crash before the status write).
-            let others: Vec<Arc<ByoHost>> = ctx
-                .hosts
-                .state()
-                .into_iter()
-                .filter(|h| {
-                    h.namespace().as_deref() == Some(n.ns.as_str())
-                        && h.claimed_by() == Some(n.uid.as_str())
-                })
-                .collect();
-            for h in others {
+            for h in super::claim::hosts_claimed_by(ctx, n) {
                 drop_claim(
                     &api,
                     (*h).clone(),
