@@ -10,6 +10,7 @@ pub mod config;
 pub mod daemon;
 pub mod docs;
 pub mod doctor;
+pub mod events;
 pub mod facts;
 pub mod fsutil;
 pub mod host;

@@ -1,14 +1,16 @@
-//! What the daemon says when the claim on its ByoHost changes: one journal line and `STATUS=`
-//! per change (claimed, release requested, dropped).
+//! What the daemon says when the claim on its ByoHost changes: one journal line, `STATUS=`
+//! and an Event per change (claimed, release requested; a dropped claim has no Event).
 
+use crate::events::{HostEvents, claim_machine, event_reasons};
 use crate::systemd::notify;
 use byoh_api::ByoHost;
 
-/// Logs and shows in `STATUS=` a change of the claim on `host` since `seen` (the claim's
-/// machine UID and release flag last seen; updated).
+/// Logs, shows in `STATUS=` and publishes as an Event a change of the claim on `host` since
+/// `seen` (the claim's machine UID and release flag last seen; updated).
 pub(super) fn observe_claim(
     host: &ByoHost,
     seen: &mut Option<String>,
+    events: &HostEvents,
     namespace: &str,
     name: &str,
 ) {
@@ -29,12 +31,29 @@ pub(super) fn observe_claim(
         Some((uid, machine, false)) => {
             tracing::info!(byoh_machine = %machine, machine_uid = %uid, "ByoHost {namespace}/{name} claimed");
             notify::status(&format!("Claimed by ByoMachine {namespace}/{machine}"));
+            let cluster = host
+                .spec
+                .claim
+                .as_ref()
+                .map_or("", |c| c.cluster_name.as_str());
+            events.normal(
+                event_reasons::CLAIMED,
+                "Claim",
+                format!("claimed by ByoMachine {namespace}/{machine} of cluster {cluster}"),
+                claim_machine(host),
+            );
         }
         Some((_, machine, true)) => {
             tracing::info!(byoh_machine = %machine, "release of ByoHost {namespace}/{name} requested");
             notify::status(&format!(
                 "Release requested by ByoMachine {namespace}/{machine}"
             ));
+            events.normal(
+                event_reasons::RELEASE_STARTED,
+                "Release",
+                format!("ByoMachine {namespace}/{machine} released the host; cleaning up"),
+                claim_machine(host),
+            );
         }
         None => {
             if seen.is_some() {

@@ -14,6 +14,7 @@ pub use work::WORK_RESYNC;
 
 use crate::config::{Credentials, Settings};
 use crate::doctor::{self, Severity};
+use crate::events::HostEvents;
 use crate::facts::{self, Facts};
 use crate::host::{HostApiError, HostHandle};
 use crate::hostwork::{HostWorker, WorkSettings};
@@ -204,7 +205,8 @@ async fn serve(
         identity::certificate_in(credential).as_deref(),
     )?;
     notify::status("Registering the ByoHost");
-    registration::register(&host, settings, facts, &here).await?;
+    let registered = registration::register(&host, settings, facts, &here).await?;
+    let events = HostEvents::new(client.clone(), &registered, name);
     runtime.update(|r| {
         let now = now_rfc3339();
         r.registered_at = Some(now.clone());
@@ -214,6 +216,10 @@ async fn serve(
     // Before host work may report the phase Available: a failing check must be on the
     // ByoHost first, so the controller never hands out a host that fails them.
     let reported = preflight::report_preflight(&host, &checks, runtime).await;
+    let failing = doctor::worst(&checks) == Severity::Fail;
+    if failing {
+        preflight::preflight_event(&events, &checks);
+    }
     let available = if doctor::worst(&checks) == Severity::Fail {
         format!(
             "Registered as ByoHost {}/{name}; not offered: preflight checks fail ({}; see byoh-agent doctor)",
@@ -248,7 +254,12 @@ async fn serve(
         systemd.clone(),
         crate::cloudinit::TokioRunner,
     );
-    let work_task = tokio::spawn(work::work_loop(worker, host_rx, metrics.clone()));
+    let work_task = tokio::spawn(work::work_loop(
+        worker,
+        host_rx,
+        metrics.clone(),
+        events.clone(),
+    ));
     let units_task = tokio::spawn(crate::units::report_loop(host.clone(), systemd.clone()));
     let preflight_task = tokio::spawn(preflight::preflight_loop(
         settings.clone(),
@@ -256,6 +267,8 @@ async fn serve(
         systemd.clone(),
         runtime.clone(),
         reported.then_some(checks),
+        events.clone(),
+        failing,
     ));
     let _tasks = AbortOnDrop(vec![
         work_task.abort_handle(),
@@ -271,7 +284,7 @@ async fn serve(
         path: "SIGINT handler".into(),
         source,
     })?;
-    let mut events = watcher(
+    let mut host_watch = watcher(
         host.hosts().clone(),
         watcher::Config::default().fields(&format!("metadata.name={name}")),
     )
@@ -319,12 +332,12 @@ async fn serve(
                 tracing::info!("stopping on SIGINT");
                 return Ok(Exit::Stop);
             }
-            event = events.next() => match event {
+            event = host_watch.next() => match event {
                 Some(Ok(found)) => {
                     // Before any host work: the ByoHost may have been recorded by another
                     // machine since (a clone that registered first while this agent was down).
                     check_identity(&found, &here, settings)?;
-                    claim::observe_claim(&found, &mut claim, &settings.namespace, name);
+                    claim::observe_claim(&found, &mut claim, &events, &settings.namespace, name);
                     let seen = found.spec.claim.as_ref().map(|c| ObservedClaim {
                         machine: c.machine_ref.name.clone(),
                         machine_uid: c.machine_ref.uid.clone(),

@@ -5,6 +5,7 @@
 use super::API_CALL_TIMEOUT;
 use crate::config::Settings;
 use crate::doctor::{self, Check, Severity};
+use crate::events::{HostEvents, event_reasons};
 use crate::host::HostHandle;
 use crate::status::{RuntimeRecorder, now_rfc3339};
 use crate::systemd::dbus::SystemdManager;
@@ -57,6 +58,8 @@ pub(super) async fn preflight_loop(
     systemd: SystemdManager,
     runtime: RuntimeRecorder,
     mut reported: Option<Vec<Check>>,
+    events: HostEvents,
+    mut failing: bool,
 ) {
     let key = |checks: &[Check]| -> Vec<(String, Severity)> {
         checks
@@ -86,6 +89,10 @@ pub(super) async fn preflight_loop(
             });
             continue;
         }
+        let fails = doctor::worst(&checks) == Severity::Fail;
+        if fails != std::mem::replace(&mut failing, fails) {
+            preflight_event(&events, &checks);
+        }
         if report_preflight(&host, &checks, &runtime).await {
             if doctor::worst(&checks) != Severity::Fail {
                 notify::status(&format!(
@@ -99,5 +106,28 @@ pub(super) async fn preflight_loop(
             reported = None;
             wait = PREFLIGHT_REPORT_RETRY;
         }
+    }
+}
+
+/// The Event for `checks` that now fail (`Warning`, naming each failing check and its fix) or
+/// pass again (`Normal`).
+pub(super) fn preflight_event(events: &HostEvents, checks: &[Check]) {
+    if doctor::worst(checks) == Severity::Fail {
+        events.warning(
+            event_reasons::PREFLIGHT_CHECKS_FAILED,
+            "Preflight",
+            format!(
+                "{}; the host is not offered until they pass (byoh-agent doctor on the host)",
+                doctor::failures_message(checks)
+            ),
+            None,
+        );
+    } else {
+        events.normal(
+            event_reasons::PREFLIGHT_CHECKS_PASSED,
+            "Preflight",
+            format!("preflight checks pass again ({})", doctor::summary(checks)),
+            None,
+        );
     }
 }

@@ -65,13 +65,7 @@ impl<R: CommandRunner> Commands<'_, R> {
             .map_err(InstallError::io("creating", self.scratch))?;
         let out_file = self.scratch.join(".command-output");
         let _ = std::fs::remove_file(&out_file);
-        let mut wrapped: Vec<String> = vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "exec \"$@\" >\"$0\"".into(),
-            out_file.display().to_string(),
-        ];
-        wrapped.extend(argv.iter().cloned());
+        let wrapped = crate::cloudinit::stdout_to_file(argv, &out_file);
         let result = self.run(&wrapped, timeout, hint).await;
         let text = std::fs::read_to_string(&out_file).unwrap_or_default();
         let _ = std::fs::remove_file(&out_file);
