@@ -1146,3 +1146,59 @@ async fn a_claim_and_its_release_are_told_by_events_on_the_byohost() {
         );
     }
 }
+
+/// Issue 17 #4: `byoh-agent maintenance on|off` on the host writes the ByoHost condition
+/// `Maintenance` with the host's own identity (the API server applies the host's grants), and
+/// the running agent's own writes leave it in place.
+#[tokio::test(flavor = "multi_thread")]
+async fn maintenance_on_and_off_on_the_host_are_the_maintenance_condition() {
+    let Some((_client, _ns, host, hosts)) = setup("hostwork-maint").await else {
+        return;
+    };
+    let name = host.name().to_string();
+    let maintenance = |hosts: Api<ByoHost>, name: String| async move {
+        status_of(&hosts, &name)
+            .await
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Maintenance")
+    };
+    let out = host
+        .exec(&["byoh-agent", "maintenance", "on", "--reason", "disk swap"])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("Maintenance=True"), "{}", out.stdout);
+    let c = maintenance(hosts.clone(), name.clone()).await.unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "MaintenanceRequested")
+    );
+    assert!(c.message.ends_with("disk swap"), "{}", c.message);
+
+    // The agent's next reports (facts, preflight, units, host work) keep it: other managers.
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    wait_phase(&hosts, &name, "Available", 60).await;
+    let c = maintenance(hosts.clone(), name.clone()).await.unwrap();
+    assert_eq!(c.status, "True");
+
+    let out = host
+        .exec(&["byoh-agent", "maintenance", "off"])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let c = maintenance(hosts.clone(), name.clone()).await.unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NotInMaintenance")
+    );
+
+    // A wrong word is refused by the command line (usage error, nothing written).
+    let out = host
+        .exec(&["byoh-agent", "maintenance", "maybe"])
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+}
