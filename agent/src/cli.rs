@@ -205,6 +205,18 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("starting the tokio runtime: {e}"))
 }
 
+/// The exit status of a subcommand's `result`: 0 ([`crate::EXIT_OK`]) for `Ok`, else the error
+/// printed to stderr and 1 ([`crate::EXIT_FAILURE`]).
+pub fn exit_status<E: std::fmt::Display>(result: Result<(), E>) -> u8 {
+    match result {
+        Ok(()) => crate::EXIT_OK,
+        Err(e) => {
+            eprintln!("byoh-agent: {e}");
+            crate::EXIT_FAILURE
+        }
+    }
+}
+
 /// What `status` and `doctor` need first: the settings of `config` with the `BYOH_*`
 /// environment, and a [`runtime`].
 ///

@@ -83,16 +83,7 @@ pub fn cli(state: MaintenanceState, reason: &str, config: &Path) -> u8 {
             if on { "True" } else { "False" }
         ))
     });
-    match result {
-        Ok(said) => {
-            println!("{said}");
-            crate::EXIT_OK
-        }
-        Err(e) => {
-            eprintln!("byoh-agent: {e}");
-            crate::EXIT_FAILURE
-        }
-    }
+    crate::cli::exit_status(result.map(|said| println!("{said}")))
 }
 
 #[cfg(test)]
