@@ -13,6 +13,10 @@
 //! - [`pool`]: hosts registered through a BootstrapKubeconfig with the packaged agent.
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
+//! - [`rpm_repo`]: signed dnf repositories (rpmbuild, rpmsign, createrepo_c) of the same packages.
+//! - [`gpg`]: throwaway gpg keys that sign them.
+//! - [`packages_claim`]: stand-in Kubernetes packages and the claim steps the `packages` source's
+//!   system tests share.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
@@ -21,12 +25,15 @@ pub mod agent;
 pub mod apt_repo;
 pub mod control_plane;
 pub mod controller;
+pub mod gpg;
 pub mod hosts;
 pub mod http;
 pub mod kubeadm;
 pub mod machine;
+pub mod packages_claim;
 pub mod phases;
 pub mod pool;
+pub mod rpm_repo;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead
 /// of skipping them.

@@ -6,7 +6,8 @@
 //! the flat layout of pkgs.k8s.io), then `apt-get update`, `apt-get install PKG=VERSION...` and
 //! `apt-mark hold`. dnf: /etc/yum.repos.d/byoh-kubernetes.repo with `gpgkey=keyURL`,
 //! `gpgcheck=1` and `repo_gpgcheck=1` (packages and the repository metadata signed, as apt's
-//! `InRelease`) and `exclude=` of the packages (the hold: plain `dnf upgrade` leaves them alone
+//! `InRelease`), `skip_if_unavailable=False` (a repository that fails is an error, not skipped)
+//! and `exclude=` of the packages (the hold: plain `dnf upgrade` leaves them alone
 //! without the versionlock plugin), then `dnf install --disableexcludes=byoh-kubernetes
 //! PKG-VERSION...`. The installed package set is listed before and after, and exactly the
 //! packages added (dependencies included, and the `gpg-pubkey` dnf imports into the rpm
@@ -162,7 +163,7 @@ impl PackageSteps {
             PackageManager::Dnf => {
                 let repo = format!(
                     "# Written by byoh-agent (K8sInstallerConfig packages source); removed when the host is released.\n\
-                     [{DNF_REPO_ID}]\nname=Kubernetes (byoh-agent)\nbaseurl={}\nenabled=1\ngpgcheck=1\nrepo_gpgcheck=1\ngpgkey={}\nexclude={}\n",
+                     [{DNF_REPO_ID}]\nname=Kubernetes (byoh-agent)\nbaseurl={}\nenabled=1\ngpgcheck=1\nrepo_gpgcheck=1\nskip_if_unavailable=False\ngpgkey={}\nexclude={}\n",
                     self.repository,
                     self.key_url,
                     PACKAGES.join(" ")
@@ -296,12 +297,17 @@ impl PackageSteps {
             ],
         };
         cmd.extend(requested.iter().cloned());
+        // dnf reads the repository here (apt did in `apt-get update`): its hint covers both.
+        let hint = match self.manager {
+            PackageManager::Apt => {
+                "check that the repository has these versions (packages.versionPin)"
+            }
+            PackageManager::Dnf => {
+                "check the repository URL (packages.dnfRepository), that packages.keyURL is the key its metadata and packages are signed with, that it has these versions (packages.versionPin), and this host's network"
+            }
+        };
         ctx.commands()
-            .run_pm(
-                &cmd,
-                PACKAGE_COMMAND_TIMEOUT,
-                "check that the repository has these versions (packages.versionPin)",
-            )
+            .run_pm(&cmd, PACKAGE_COMMAND_TIMEOUT, hint)
             .await?;
         let _ = std::fs::remove_dir_all(&archives);
         let after = snapshot(&ctx.commands(), self.manager).await?;
@@ -553,6 +559,9 @@ pub(super) async fn revert<R: CommandRunner>(
                 kept = keep;
                 present = purge;
             }
+            if *manager == PackageManager::Dnf {
+                forget_repository_cache(root)?;
+            }
             if present.is_empty() {
                 put_back(root, kept_dirs)?;
                 return Ok(kept);
@@ -589,9 +598,6 @@ pub(super) async fn revert<R: CommandRunner>(
                     "remove the imported signing key by hand (rpm -e gpg-pubkey-...), then run uninstall again",
                 )
                 .await?;
-            }
-            if *manager == PackageManager::Dnf {
-                forget_repository_cache(root)?;
             }
             put_back(root, kept_dirs)?;
         }

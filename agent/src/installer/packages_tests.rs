@@ -262,6 +262,7 @@ async fn dnf_packages_command_sequence_and_revert() {
             && repo.contains("baseurl=https://pkgs.k8s.io/core:/stable:/v1.36/rpm/\n")
             && repo.contains("\ngpgcheck=1\n")
             && repo.contains("\nrepo_gpgcheck=1\n")
+            && repo.contains("\nskip_if_unavailable=False\n")
             && repo.contains("exclude=kubeadm kubelet kubectl\n"),
         "{repo}"
     );
