@@ -32,6 +32,8 @@ pub struct Package {
     pub version: String,
     /// The `Depends:` field, empty for none.
     pub depends: String,
+    /// The `Provides:` field, empty for none.
+    pub provides: String,
     /// `all`, `amd64`, ...
     pub arch: String,
     /// What it installs.
@@ -45,6 +47,7 @@ impl Package {
             name: name.into(),
             version: version.into(),
             depends: String::new(),
+            provides: String::new(),
             arch: "all".into(),
             files: Vec::new(),
         }
@@ -53,6 +56,12 @@ impl Package {
     /// Adds `Depends: depends`.
     pub fn depends(mut self, depends: &str) -> Package {
         self.depends = depends.into();
+        self
+    }
+
+    /// Adds `Provides: provides` (RPM: also file paths, e.g. `/bin/sh`).
+    pub fn provides(mut self, provides: &str) -> Package {
+        self.provides = provides.into();
         self
     }
 
@@ -85,11 +94,14 @@ pub fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<PathBuf> {
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().join("pkg");
     std::fs::create_dir_all(root.join("DEBIAN"))?;
-    let depends = if package.depends.is_empty() {
-        String::new()
-    } else {
-        format!("Depends: {}\n", package.depends)
+    let field = |name: &str, value: &str| {
+        if value.is_empty() {
+            String::new()
+        } else {
+            format!("{name}: {value}\n")
+        }
     };
+    let depends = field("Depends", &package.depends) + &field("Provides", &package.provides);
     std::fs::write(
         root.join("DEBIAN/control"),
         format!(

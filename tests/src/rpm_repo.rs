@@ -48,8 +48,8 @@ pub fn rpm_arch(debian: &str) -> &str {
     }
 }
 
-/// A Debian `Depends:` value as RPM `Requires:` (parentheses dropped).
-fn requires(depends: &str) -> String {
+/// A Debian relation list (`a (>= 1), b`) in RPM's syntax (`a >= 1, b`).
+fn requires_of(depends: &str) -> String {
     depends
         .split(',')
         .map(|d| d.trim().replace(['(', ')'], ""))
@@ -87,10 +87,13 @@ pub fn build_rpm(dir: &Path, package: &Package, key: Option<&GpgKey>) -> anyhow:
         files.push_str(&format!("%dir %attr(0755,root,root) {d}\n"));
     }
     let (version, release) = version_release(&package.version);
-    let requires = match requires(&package.depends) {
+    let mut requires = match requires_of(&package.depends) {
         r if r.is_empty() => String::new(),
         r => format!("Requires: {r}\n"),
     };
+    if !package.provides.is_empty() {
+        requires.push_str(&format!("Provides: {}\n", requires_of(&package.provides)));
+    }
     let spec = tmp.path().join(format!("{}.spec", package.name));
     std::fs::write(
         &spec,
@@ -102,23 +105,7 @@ pub fn build_rpm(dir: &Path, package: &Package, key: Option<&GpgKey>) -> anyhow:
         ),
     )?;
     std::fs::create_dir_all(&stage)?;
-    run(Command::new("rpmbuild")
-        .arg("-bb")
-        .arg("--define")
-        .arg(format!("_topdir {}", tmp.path().join("top").display()))
-        .arg("--define")
-        .arg(format!("_rpmdir {}", dir.display()))
-        .args([
-            "--define",
-            "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm",
-            "--define",
-            "__os_install_post %{nil}",
-            "--define",
-            "debug_package %{nil}",
-            "--define",
-            "_build_id_links none",
-        ])
-        .arg(&spec))?;
+    rpmbuild(&spec, tmp.path(), dir)?;
     let rpm = dir.join(format!(
         "{}-{version}-{release}.{}.rpm",
         package.name,
@@ -141,6 +128,105 @@ pub fn build_rpm(dir: &Path, package: &Package, key: Option<&GpgKey>) -> anyhow:
             .arg(&rpm))?;
     }
     Ok(rpm)
+}
+
+/// Runs `rpmbuild -bb spec` with its work in `work` and the package written to `dir` as
+/// `NAME-VERSION-RELEASE.ARCH.rpm`, binaries neither stripped nor split.
+fn rpmbuild(spec: &Path, work: &Path, dir: &Path) -> anyhow::Result<()> {
+    run(Command::new("rpmbuild")
+        .arg("-bb")
+        .arg("--define")
+        .arg(format!("_topdir {}", work.join("top").display()))
+        .arg("--define")
+        .arg(format!("_rpmdir {}", dir.display()))
+        .args([
+            "--define",
+            "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm",
+            "--define",
+            "__os_install_post %{nil}",
+            "--define",
+            "debug_package %{nil}",
+            "--define",
+            "_build_id_links none",
+        ])
+        .arg(spec))?;
+    Ok(())
+}
+
+/// A copy of the binary package `rpm` whose only change is its release, `release`: a newer
+/// build to upgrade to. Files (modes, owners, `%config(noreplace)` and `%doc` flags), the
+/// scriptlets and the explicit requirements are those of `rpm`; it is written to `dir`.
+///
+/// Errors when rpm, rpm2cpio, cpio or rpmbuild fail.
+pub fn rereleased(rpm: &Path, release: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let q = |fmt: &str| -> anyhow::Result<String> {
+        Ok(String::from_utf8(run(Command::new("rpm")
+            .args(["-qp", "--qf", fmt])
+            .arg(rpm))?)?)
+    };
+    let tmp = tempfile::tempdir()?;
+    let stage = tmp.path().join("stage");
+    std::fs::create_dir_all(&stage)?;
+    run(Command::new("sh")
+        .arg("-c")
+        .arg("rpm2cpio \"$0\" | cpio -idm --quiet")
+        .arg(rpm)
+        .current_dir(&stage))?;
+    let header = q("%{NAME}\t%{VERSION}\t%{ARCH}\t%{LICENSE}\t%{SUMMARY}")?;
+    let h: Vec<&str> = header.split('\t').collect();
+    anyhow::ensure!(h.len() == 5, "rpm -qp of {}: {header}", rpm.display());
+    let requires: Vec<String> = q("[%{REQUIRENAME} %{REQUIREFLAGS:depflags} %{REQUIREVERSION}\n]")?
+        .lines()
+        .map(str::trim)
+        .filter(|r| !r.starts_with("rpmlib(") && !r.starts_with("config("))
+        .map(str::to_string)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut files = String::new();
+    for l in q("[%{FILEFLAGS:fflags}\t%{FILEMODES:octal}\t%{FILEUSERNAME}\t%{FILEGROUPNAME}\t%{FILENAMES}\n]")?.lines() {
+        let f: Vec<&str> = l.split('\t').collect();
+        anyhow::ensure!(f.len() == 5, "file line {l}");
+        let mode = &f[1][f[1].len().saturating_sub(4)..];
+        let kind = match f[0] {
+            flags if flags.contains('c') && flags.contains('n') => "%config(noreplace) ",
+            flags if flags.contains('c') => "%config ",
+            flags if flags.contains('d') => "%doc ",
+            _ => "",
+        };
+        files.push_str(&format!("{kind}%attr({mode},{},{}) {}\n", f[2], f[3], f[4]));
+    }
+    let mut scripts = String::new();
+    for (tag, section) in [
+        ("PREIN", "pre"),
+        ("POSTIN", "post"),
+        ("PREUN", "preun"),
+        ("POSTUN", "postun"),
+    ] {
+        let body = q(&format!("%{{{tag}}}"))?;
+        if body != "(none)" {
+            scripts.push_str(&format!("%{section}\n{body}\n\n"));
+        }
+    }
+    let spec = tmp.path().join("rereleased.spec");
+    std::fs::write(
+        &spec,
+        format!(
+            "Name: {}\nVersion: {}\nRelease: {release}\nSummary: {}\nLicense: {}\nBuildArch: {}\nAutoReqProv: no\nRequires: {}\n\n%description\nA rebuild of {} for an upgrade test.\n\n%install\nmkdir -p %{{buildroot}}\ncp -a {}/. %{{buildroot}}/\n\n{scripts}%files\n{files}",
+            h[0],
+            h[1],
+            h[4],
+            h[3],
+            h[2],
+            requires.join(", "),
+            h[0],
+            stage.display()
+        ),
+    )?;
+    rpmbuild(&spec, tmp.path(), dir)?;
+    let out = dir.join(format!("{}-{}-{release}.{}.rpm", h[0], h[1], h[2]));
+    anyhow::ensure!(out.exists(), "rpmbuild made no {}", out.display());
+    Ok(out)
 }
 
 /// The files of a dnf repository holding `packages` (URL path under the repository → body):
