@@ -11,6 +11,7 @@
 //!   needs, the site's CA, a bridge CNI configuration).
 //! - [`controller`]: `byoh-controller run` as a process under its generated RBAC.
 //! - [`pool`]: hosts registered through a BootstrapKubeconfig with the packaged agent.
+//! - [`failpoint`]: the agent killed at a step boundary (its failpoint, then SIGKILL).
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
 //! - [`rpm_repo`]: signed dnf repositories (rpmbuild, rpmsign, createrepo_c) of the same packages.
@@ -25,6 +26,7 @@ pub mod agent;
 pub mod apt_repo;
 pub mod control_plane;
 pub mod controller;
+pub mod failpoint;
 pub mod gpg;
 pub mod hosts;
 pub mod http;

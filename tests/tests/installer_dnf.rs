@@ -23,9 +23,11 @@
 
 use byoh_tests::agent;
 use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint};
 use byoh_tests::hosts::{self, BootOptions, Host};
 use byoh_tests::packages_claim::{self, ALL_PACKAGES, condition, exists, release};
 use byoh_tests::rpm_repo;
+use std::time::Duration;
 
 /// The Machine's version as pkgs.k8s.io names its RPMs; the repository also has a newer one.
 const PINNED: &str = "1.36.3-150500.1.1";
@@ -229,7 +231,138 @@ async fn dnf_packages_source_installs_the_held_version_from_a_signed_repository_
         "the release must return the host to its pre-claim state:\n{}",
         diff.join("\n")
     );
+    killed_at_every_step(&client, ns.name(), &host, &hosts, &before, &want).await;
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// The same claim and release with the agent killed before each step of the claim (the
+/// agent's own step list for [`packages_claim::DATA`] with an installer) and before each
+/// clean-up step: every cycle converges to the same installed set (`want`, the key's
+/// package aside: a key is imported again with each install), kubeadm joined and reset once,
+/// and the host as `before`.
+async fn killed_at_every_step(
+    client: &kube::Client,
+    ns: &str,
+    host: &Host,
+    hosts: &kube::Api<byoh_api::ByoHost>,
+    before: &str,
+    want: &[String],
+) {
+    let doc = byoh_agent::cloudinit::parse(
+        packages_claim::DATA,
+        &byoh_agent::cloudinit::InstanceData {
+            local_hostname: "h".into(),
+            instance_id: "h".into(),
+            default_interface: None,
+        },
+    )
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let plan = byoh_agent::cloudinit::validate(
+        &doc,
+        &byoh_agent::cloudinit::ValidateOptions {
+            root: root.path(),
+            host_name: "h",
+            ignore_modules: &[],
+        },
+    )
+    .unwrap();
+    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(true, &plan)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let cleanup: Vec<String> = byoh_agent::hostwork::CLEANUP_STEPS
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(bootstrap.iter().any(|b| b == "install"), "{bootstrap:?}");
+    assert!(cleanup.iter().any(|c| c == "uninstall"), "{cleanup:?}");
+    let cycles = bootstrap.len().max(cleanup.len());
+    let name = host.name().to_string();
+    let without_key = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .filter(|p| !p.starts_with("gpg-pubkey "))
+            .cloned()
+            .collect()
+    };
+    for i in 0..cycles {
+        let (b, c) = (&bootstrap[i % bootstrap.len()], &cleanup[i % cleanup.len()]);
+        let t = std::time::Instant::now();
+        let uid = format!("uid-kill-{i}");
+        host.run(&["rm", "-f", "/run/byoh-test-kubeadm.log"])
+            .await
+            .unwrap();
+        set_failpoint(host, Some(b)).await;
+        host.run(&["systemctl", "restart", "byoh-agent"])
+            .await
+            .unwrap();
+        agent::claim_host_installing(
+            client,
+            ns,
+            &name,
+            &format!("m-kill-{i}"),
+            &uid,
+            "data",
+            Some(("good", "v1.36.3")),
+        )
+        .await
+        .unwrap();
+        kill_at(host, b).await;
+        packages_claim::wait_phase(hosts, &name, "Provisioned", 300).await;
+        assert_restarted_by_systemd(host).await;
+        let now = installed(host).await;
+        assert_eq!(without_key(&now), without_key(want), "killed before {b}");
+        assert_eq!(now.len(), want.len(), "killed before {b}: one key: {now:?}");
+        set_failpoint(host, Some(c)).await;
+        host.run(&["systemctl", "restart", "byoh-agent"])
+            .await
+            .unwrap();
+        agent::request_release(client, ns, &name).await.unwrap();
+        kill_at(host, c).await;
+        agent::wait_for("cleanedMachineUID", Duration::from_secs(120), || async {
+            Ok(hosts.get_opt(&name).await?.filter(|h| {
+                h.status
+                    .as_ref()
+                    .and_then(|s| s.cleaned_machine_uid.as_deref())
+                    == Some(uid.as_str())
+            }))
+        })
+        .await
+        .unwrap();
+        assert_restarted_by_systemd(host).await;
+        agent::drop_claim(client, ns, &name).await.unwrap();
+        packages_claim::wait_phase(hosts, &name, "Available", 60).await;
+        assert_eq!(
+            host.read_to_string("/run/byoh-test-kubeadm.log")
+                .await
+                .unwrap(),
+            "join --config /dev/null\nreset --force --cri-socket unix:///run/containerd/containerd.sock\n",
+            "killed before {b} / {c}: kubeadm joined and reset once"
+        );
+        assert_eq!(
+            installed(host).await,
+            Vec::<String>::new(),
+            "killed before {c}"
+        );
+        assert!(!exists(host, REPO_FILE).await);
+        assert_eq!(repository_cache(host).await, "");
+        set_failpoint(host, None).await;
+        // The drop-in directory the failpoint needed (the host had none).
+        host.run(&["rmdir", "/etc/systemd/system/byoh-agent.service.d"])
+            .await
+            .unwrap();
+        host.run(&["systemctl", "daemon-reload"]).await.unwrap();
+        let diff = agent::snapshot_diff(before, &agent::snapshot(host).await.unwrap());
+        assert!(
+            diff.is_empty(),
+            "killed before {b} / {c}: the host differs from before the claim:\n{}",
+            diff.join("\n")
+        );
+        eprintln!(
+            "killed before {b} / {c}: converged in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
 }
