@@ -10,6 +10,7 @@ use byoh_api::ByoHost;
 use byoh_api::K8sInstallerConfig;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint};
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::http::FileServer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -321,81 +322,6 @@ const COUNTING: &str = "#cloud-config\nwrite_files:\n- path: /etc/byoh-test/kill
 /// [`COUNTING`] with the modules that are steps of their own (issue 16 B.5): a `bootcmd` item
 /// counting its runs, a user with a sudo rule and a key, and a tmpfs mount.
 const KILL_DATA: &str = "#cloud-config\nbootcmd:\n- echo boot >> /run/byoh-boot-count\nusers:\n- name: killuser\n  sudo: ALL=(ALL) NOPASSWD:ALL\n  ssh_authorized_keys:\n  - ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKILL kill@example\nmounts:\n- [tmpfs, /var/lib/byoh-kill, tmpfs, size=1m]\nwrite_files:\n- path: /etc/byoh-test/kill/a.conf\n  content: \"a\\n\"\n- path: /etc/byoh-test/kill/log\n  append: true\n  content: \"appended\\n\"\nruncmd:\n- cd /run && export BYOH_THIRD=three && echo one >> byoh-count\n- [ \"/usr/local/bin/kubeadm\", \"join\", \"--config\", \"/etc/byoh-test/kill/a.conf\" ]\n- echo \"$BYOH_THIRD\" >> byoh-count\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
-
-async fn set_failpoint(host: &Host, step: Option<&str>) {
-    match step {
-        Some(step) => {
-            host.run(&["mkdir", "-p", "/etc/systemd/system/byoh-agent.service.d"])
-                .await
-                .unwrap();
-            let dropin = format!("[Service]\nEnvironment=BYOH_FAILPOINT=pause-before:{step}\n");
-            host.write_file(
-                "/etc/systemd/system/byoh-agent.service.d/failpoint.conf",
-                dropin.as_bytes(),
-                0o644,
-            )
-            .await
-            .unwrap();
-        }
-        None => host
-            .run(&[
-                "rm",
-                "-f",
-                "/etc/systemd/system/byoh-agent.service.d/failpoint.conf",
-            ])
-            .await
-            .map(|_| ())
-            .unwrap(),
-    }
-    host.run(&["systemctl", "daemon-reload"]).await.unwrap();
-}
-
-/// The agent was killed and systemd restarted it (`NRestarts` counts automatic restarts since
-/// the last manual one).
-async fn assert_restarted_by_systemd(host: &Host) {
-    let n = host
-        .run(&[
-            "systemctl",
-            "show",
-            "-p",
-            "NRestarts",
-            "--value",
-            "byoh-agent",
-        ])
-        .await
-        .unwrap();
-    assert!(n.trim().parse::<u32>().unwrap() >= 1, "NRestarts={n}");
-}
-
-async fn kill_at(host: &Host, step: &str) {
-    let want = format!("Failpoint: paused before {step}");
-    wait_for(&want, Duration::from_secs(60), || async {
-        let text = host
-            .run(&[
-                "systemctl",
-                "show",
-                "-p",
-                "StatusText",
-                "--value",
-                "byoh-agent",
-            ])
-            .await?;
-        Ok(text.contains(&want).then_some(()))
-    })
-    .await
-    .unwrap();
-    set_failpoint(host, None).await;
-    host.run(&[
-        "systemctl",
-        "kill",
-        "--kill-whom=main",
-        "-s",
-        "KILL",
-        "byoh-agent",
-    ])
-    .await
-    .unwrap();
-}
 
 /// The tarball source's stand-ins: a kubeadm that records each call (as [`FAKE_KUBEADM`]), a
 /// kubelet that records each start and then runs, a kubectl.

@@ -83,6 +83,7 @@ fn request(
             spec,
             download_dir: settings.download_dir.clone(),
             root: PathBuf::from("/"),
+            package_manager: settings.package_manager,
         },
         facts.host_info,
     ))
