@@ -406,6 +406,7 @@ async fn serve(
         settings.namespace.clone(),
         name.to_string(),
         systemd.clone(),
+        host_tx.subscribe(),
     ));
     let preflight_task = tokio::spawn(preflight_loop(
         settings.clone(),

@@ -13,6 +13,7 @@
 //! - [`pool`]: hosts registered through a BootstrapKubeconfig with the packaged agent.
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
+//! - [`tarball`]: stand-in Kubernetes binaries served as an installer `tarball` source.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
@@ -27,6 +28,7 @@ pub mod kubeadm;
 pub mod machine;
 pub mod phases;
 pub mod pool;
+pub mod tarball;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead
 /// of skipping them.

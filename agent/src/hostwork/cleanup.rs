@@ -112,6 +112,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 ),
             )
         };
+        let uninstalled = state.claim.as_ref().is_some_and(|c| c.installed);
         state.cleaned_machine_uid = Some(machine_uid.into());
         state.claim = None;
         state.cleanup = None;
@@ -154,6 +155,16 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     false,
                     reasons::WAITING_FOR_CLAIM,
                     "no claim",
+                ),
+                (
+                    types::K8S_COMPONENTS_INSTALLED,
+                    false,
+                    reasons::WAITING_FOR_CLAIM,
+                    if uninstalled {
+                        "no claim: the clean-up uninstalled what the claim's K8sInstallerConfig had installed"
+                    } else {
+                        "no claim"
+                    },
                 ),
             ],
         )
