@@ -378,7 +378,7 @@ async fn serve(
     };
     if first {
         notify::ready(&available);
-        tracing::info!(byoh_phase = phase::AVAILABLE, namespace = %settings.namespace, "registered; ready");
+        tracing::info!(byoh_phase = phase::AVAILABLE, namespace = %settings.namespace, "registered as ByoHost {}/{name}; ready", settings.namespace);
     } else {
         notify::status(&available);
     }

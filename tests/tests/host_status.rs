@@ -4,7 +4,9 @@
 //! as it enters each. The phases move forward only, in the order docs/architecture.md gives
 //! ("ByoHost phases"), and every condition says something true at each step: after the release
 //! nothing is installed and no kubelet runs, and a free host's conditions read as normal, not
-//! as faults. The claim is written by the test as the controller would.
+//! as faults. The agent's journal of it holds no warning, and its lines carry their detail
+//! (the download with version, URL and sha256, each uninstall step, the kubeadm reset and its
+//! duration). The claim is written by the test as the controller would.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -197,6 +199,56 @@ async fn a_claim_and_its_release_move_the_phase_forward_and_keep_every_condition
     expect(5, "K8sComponentsInstalled", ("False", "WaitingForClaim"));
     expect(5, "BootstrapSucceeded", ("False", "WaitingForClaim"));
     expect(5, "Ready", ("True", "Releasing"));
+
+    // The agent's journal of this normal claim and release (issue 20 #4): no warning, and each
+    // line says what happened with its detail.
+    let journal = host.journal("byoh-agent").await.unwrap();
+    let warnings: Vec<&serde_json::Value> = journal
+        .iter()
+        .filter(|e| {
+            e["PRIORITY"]
+                .as_str()
+                .and_then(|p| p.parse::<u8>().ok())
+                .is_some_and(|p| p <= 4)
+        })
+        .map(|e| &e["MESSAGE"])
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "a normal claim and release logged warnings: {warnings:#?}"
+    );
+    let messages = host.journal_messages("byoh-agent").await.unwrap();
+    let has = |prefix: &str| messages.iter().any(|m| m.starts_with(prefix));
+    for line in [
+        format!(
+            "downloading kubeadm {} from {}/kubeadm (sha256 ",
+            tarball::VERSION,
+            server.base()
+        ),
+        "kubeadm reset succeeded in ".into(),
+        "uninstall: delete /usr/local/bin/kubelet: done".into(),
+        "claim by ByoMachine m1 accepted".into(),
+        "bootstrap for ByoMachine m1 succeeded".into(),
+    ] {
+        assert!(
+            has(&line),
+            "no journal line starts with {line:?}: {messages:#?}"
+        );
+    }
+    // Structured fields stay next to the text.
+    let reset = journal
+        .iter()
+        .find(|e| {
+            e["MESSAGE"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("kubeadm reset succeeded"))
+        })
+        .unwrap();
+    assert!(reset["DURATION_SECS"].is_string(), "{reset}");
+    assert!(
+        !messages.iter().any(|m| m.contains("s3cr3t")),
+        "a URL's token reached the journal"
+    );
 
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();

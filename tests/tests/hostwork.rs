@@ -163,7 +163,10 @@ async fn claim_bootstraps_cabpk_data_and_release_restores_the_host() {
         .await
         .unwrap()
         .join("\n");
-    assert!(agent_log.contains("bootstrap succeeded"), "{agent_log}");
+    assert!(
+        agent_log.contains("bootstrap for ByoMachine m1 succeeded"),
+        "{agent_log}"
+    );
 
     // Release: reset, remove what bootstrap wrote, report; then the controller drops the claim.
     agent::request_release(&client, ns.name(), &name)

@@ -58,7 +58,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 host_changes: Default::default(),
             });
             self.save(state)?;
-            tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");
+            tracing::info!(byoh_machine = %machine, "claim by ByoMachine {machine} accepted; starting the bootstrap");
         }
         self.reconcile_runcmd(state)?;
         if let Some(step) = state
@@ -408,7 +408,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             w.outcome = Some(Outcome::Bootstrapped);
         }
         self.save(state)?;
-        tracing::info!(byoh_machine = %machine, byoh_phase = phase::PROVISIONED, "bootstrap succeeded");
+        tracing::info!(byoh_machine = %machine, byoh_phase = phase::PROVISIONED, "bootstrap for ByoMachine {machine} succeeded");
         notify::status(&format!(
             "Provisioned for ByoMachine {}/{machine}",
             self.settings.namespace

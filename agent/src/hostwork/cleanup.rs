@@ -43,7 +43,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             tracing::info!(
                 machine_uid,
                 byoh_phase = phase::CLEANING_UP,
-                "cleaning up after the claim"
+                "cleaning up after the claim of ByoMachine UID {machine_uid}"
             );
         }
         notify::status("Cleaning up: resetting the host");
@@ -120,7 +120,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         tracing::info!(
             machine_uid,
             byoh_phase = phase::AVAILABLE,
-            "clean-up finished"
+            "clean-up after the claim of ByoMachine UID {machine_uid} finished"
         );
         notify::status("Cleaned up; the host is back in the pool");
         let released = host.spec.claim.is_some();

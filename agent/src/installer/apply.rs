@@ -388,7 +388,16 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
                 Lookup::New => Some(self.record(Change::Downloaded { path: dest.clone() })?),
                 Lookup::Done => None,
             };
-            tracing::info!(artifact = name, url = %download::redact_url(&a.url), "downloading");
+            let url = download::redact_url(&a.url);
+            let version = &self.manifest.kubernetes_version;
+            tracing::info!(
+                artifact = name,
+                kubernetes_version = %version,
+                url = %url,
+                sha256 = %a.sha256,
+                "downloading {name} {version} from {url} (sha256 {})",
+                a.sha256
+            );
             download::download(&a.url, &dest, Some(&a.sha256)).await?;
             if let Some(i) = idx {
                 self.done(i)?;
