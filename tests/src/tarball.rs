@@ -33,9 +33,27 @@ pub async fn server() -> anyhow::Result<FileServer> {
     .await
 }
 
-/// Creates K8sInstallerConfig `namespace/name` with a `tarball` source on `server`;
-/// `kubelet_sha256` overrides the kubelet's (right) sha256. The kubelet's URL carries a
-/// `token=s3cr3t` query, which must never reach a status or log.
+/// The `spec` of a K8sInstallerConfig with a `tarball` source on `server` (YAML, as `byoh-agent
+/// install --config-file` reads it); `kubelet_sha256` overrides the kubelet's (right) sha256.
+/// The kubelet's URL carries a `token=s3cr3t` query, which must never reach a status or log.
+///
+/// # Errors
+/// When hashing fails.
+pub fn spec_yaml(server: &FileServer, kubelet_sha256: Option<&str>) -> anyhow::Result<String> {
+    let sha = |b: &str| crate::http::sha256(b.as_bytes());
+    let base = server.base();
+    let kubelet_sha = match kubelet_sha256 {
+        Some(s) => s.to_string(),
+        None => sha(KUBELET)?,
+    };
+    Ok(format!(
+        "tarball:\n  kubeadm:\n    url: {base}/kubeadm\n    sha256: {}\n  kubelet:\n    url: {base}/kubelet?token=s3cr3t\n    sha256: {kubelet_sha}\n  kubectl:\n    url: {base}/kubectl\n    sha256: {}\n",
+        sha(KUBEADM)?,
+        sha(KUBECTL)?,
+    ))
+}
+
+/// Creates K8sInstallerConfig `namespace/name` with the `tarball` source of [`spec_yaml`].
 ///
 /// # Errors
 /// When the API server refuses it.
@@ -46,21 +64,12 @@ pub async fn create_config(
     server: &FileServer,
     kubelet_sha256: Option<&str>,
 ) -> anyhow::Result<()> {
-    let sha = |b: &str| crate::http::sha256(b.as_bytes());
-    let base = server.base();
-    let kubelet_sha = match kubelet_sha256 {
-        Some(s) => s.to_string(),
-        None => sha(KUBELET)?,
-    };
+    let spec: serde_json::Value = serde_yaml_ng::from_str(&spec_yaml(server, kubelet_sha256)?)?;
     let config: K8sInstallerConfig = serde_json::from_value(serde_json::json!({
         "apiVersion": byoh_api::API_VERSION,
         "kind": "K8sInstallerConfig",
         "metadata": { "name": name, "namespace": namespace },
-        "spec": { "tarball": {
-            "kubeadm": { "url": format!("{base}/kubeadm"), "sha256": sha(KUBEADM)? },
-            "kubelet": { "url": format!("{base}/kubelet?token=s3cr3t"), "sha256": kubelet_sha },
-            "kubectl": { "url": format!("{base}/kubectl"), "sha256": sha(KUBECTL)? },
-        }},
+        "spec": spec,
     }))?;
     Api::<K8sInstallerConfig>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &config)

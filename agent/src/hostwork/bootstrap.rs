@@ -282,8 +282,16 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     )
                     .await
                     {
-                        Ok(_) => {
+                        Ok(m) => {
                             self.record_finish(state, &step, Ok(()))?;
+                            let not_in_effect = if m.not_in_effect.is_empty() {
+                                String::new()
+                            } else {
+                                format!(
+                                    "; not in effect on this host: {}",
+                                    m.not_in_effect.join("; ")
+                                )
+                            };
                             current = phase::BOOTSTRAPPING;
                             self.report(
                                 host,
@@ -294,7 +302,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                                     true,
                                     reasons::AS_EXPECTED,
                                     &format!(
-                                        "installed as K8sInstallerConfig {} asks",
+                                        "installed as K8sInstallerConfig {} asks{not_in_effect}",
                                         installer_ref.name
                                     ),
                                 )],

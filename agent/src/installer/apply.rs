@@ -362,6 +362,17 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
             Step::Enable(unit) => self.enable(unit).await,
             Step::Start(unit) => self.start(unit).await,
             Step::Packages(p) => p.apply(self).await,
+            Step::CheckSettings => {
+                // Not a warning of the install: a container host cannot load modules or set
+                // its machine's sysctls, and that is its operator's choice; `byoh-agent
+                // doctor` says the same with the same reasons.
+                let missing = super::settings::not_in_effect(self.root);
+                for n in &missing {
+                    tracing::info!(setting = %n, "install: not in effect on this host: {n}");
+                }
+                self.manifest.not_in_effect = missing;
+                self.save()
+            }
             Step::Note(n) => {
                 if self.manifest.warnings.contains(n) {
                     return Ok(());

@@ -54,6 +54,7 @@ pub async fn install(
                 complete: false,
                 changes: Vec::new(),
                 warnings: Vec::new(),
+                not_in_effect: Vec::new(),
             };
             m.save(manifest_path)?;
             m
