@@ -116,17 +116,21 @@ pub enum Command {
     /// Expert tool: install Kubernetes from a K8sInstallerConfig spec by hand, as the agent
     /// does for a claim (changes recorded in `<state_dir>/install-manifest.json`). Refused
     /// while this host is claimed.
-    Install {
-        /// The K8sInstallerConfig spec (YAML: a bare spec, or an object with `spec`).
-        #[arg(long, value_name = "FILE")]
-        config_file: PathBuf,
-        /// The Kubernetes version, e.g. v1.36.3.
-        #[arg(long, value_name = "VERSION")]
-        kubernetes_version: String,
-    },
+    Install(InstallArgs),
     /// Expert tool: revert everything `install` recorded in `<state_dir>/install-manifest.json`.
     /// Refused while this host is claimed.
     Uninstall,
+}
+
+/// The arguments of `install` and `plan install`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct InstallArgs {
+    /// The K8sInstallerConfig spec (YAML: a bare spec, or an object with `spec`).
+    #[arg(long, value_name = "FILE")]
+    pub config_file: PathBuf,
+    /// The Kubernetes version, e.g. v1.36.3.
+    #[arg(long, value_name = "VERSION")]
+    pub kubernetes_version: String,
 }
 
 /// Subcommands of `byoh-agent plan`. Exit 0 on success, 1 when the plan cannot be made, 78
@@ -134,14 +138,7 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum PlanCommand {
     /// What `install` would change for this K8sInstallerConfig spec.
-    Install {
-        /// The K8sInstallerConfig spec (YAML: a bare spec, or an object with `spec`).
-        #[arg(long, value_name = "FILE")]
-        config_file: PathBuf,
-        /// The Kubernetes version, e.g. v1.36.3.
-        #[arg(long, value_name = "VERSION")]
-        kubernetes_version: String,
-    },
+    Install(InstallArgs),
     /// What `uninstall` would revert (from `<state_dir>/install-manifest.json`).
     Uninstall,
 }

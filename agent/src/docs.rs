@@ -312,7 +312,7 @@ pub fn agent_md() -> String {
         s,
         "{}s (a report that fails is retried after {}s). Its result is the ByoHost condition `{}` (`False` with reason `{}` and the failing checks\nand fixes in the message); while it is `False` the controller does not hand the host out.\nA problem the installer repairs during a claim (swap, kernel modules, sysctls, a stopped containerd)\nis a warning, unless `host.skip_installation = true` says nothing will repair it: then it fails.\n\n",
         crate::doctor::RECHECK_INTERVAL.as_secs(),
-        crate::reconcile::PREFLIGHT_REPORT_RETRY.as_secs(),
+        crate::daemon::PREFLIGHT_REPORT_RETRY.as_secs(),
         byoh_api::conditions::types::PREFLIGHT_CHECKS_PASSED,
         byoh_api::conditions::reasons::PREFLIGHT_CHECKS_FAILED
     );

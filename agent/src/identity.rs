@@ -223,6 +223,18 @@ pub fn embedded_certificate(kc: &Kubeconfig) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(data).ok()
 }
 
+/// The client certificate (PEM) of the kubeconfig at `path`; `None` when the file cannot be
+/// read or its credential is not an embedded certificate (a token or an exec plugin).
+pub fn certificate_in(path: &Path) -> Option<Vec<u8>> {
+    embedded_certificate(&read_kubeconfig(path).ok()?)
+}
+
+/// Validity window `(not_before, not_after)` of the client certificate of the kubeconfig at
+/// `path` ([`certificate_in`], [`validity`]).
+pub fn certificate_validity(path: &Path) -> Option<(SystemTime, SystemTime)> {
+    validity(&certificate_in(path)?)
+}
+
 /// Validity window `(not_before, not_after)` of the first certificate in `pem`.
 pub fn validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;

@@ -7,19 +7,20 @@
 pub mod cli;
 pub mod cloudinit;
 pub mod config;
+pub mod daemon;
 pub mod docs;
 pub mod doctor;
+pub mod events;
 pub mod facts;
 pub mod fsutil;
+pub mod host;
 pub mod hostid;
-pub mod hoststatus;
 pub mod hostwork;
 pub mod identity;
 pub mod installer;
 pub mod logging;
 pub mod metrics;
 pub mod mounts;
-pub mod reconcile;
 pub mod registration;
 pub mod state;
 pub mod status;
@@ -93,9 +94,9 @@ pub enum AgentError {
     /// The ByoHost belongs to another machine: this host is a clone of a registered host.
     #[error(transparent)]
     CloneRefused(#[from] hostid::CloneRefused),
-    /// The ByoHost or Lease could not be written.
+    /// The ByoHost or Lease could not be read or written.
     #[error(transparent)]
-    Registration(Box<registration::RegistrationError>),
+    HostApi(Box<host::HostApiError>),
     /// systemd could not be reached over D-Bus.
     #[error("{0}; byoh-agent drives systemd over the system bus (is dbus running?)")]
     Systemd(#[from] systemd::SystemdError),
@@ -136,8 +137,8 @@ impl From<identity::IdentityError> for AgentError {
     }
 }
 
-impl From<registration::RegistrationError> for AgentError {
-    fn from(e: registration::RegistrationError) -> Self {
-        AgentError::Registration(Box::new(e))
+impl From<host::HostApiError> for AgentError {
+    fn from(e: host::HostApiError) -> Self {
+        AgentError::HostApi(Box::new(e))
     }
 }

@@ -8,12 +8,12 @@
 //! is reported `False` with the neutral reason `WaitingForClaim`, never `UnitInactive`, which
 //! means a unit that should run does not (or a unit that failed, claimed or not).
 
+use crate::host::{ConditionUpdate, HostApiError, HostHandle};
 use crate::systemd::UnitState;
 use crate::systemd::dbus::SystemdManager;
 use byoh_api::ByoHost;
 use byoh_api::conditions::{reasons, types};
 use futures::StreamExt;
-use kube::api::Api;
 use std::time::Duration;
 
 /// The kubelet's unit (`kubelet.service`).
@@ -58,18 +58,15 @@ pub fn claimed(host: Option<&ByoHost>) -> bool {
 }
 
 /// Watches the reported units and applies their conditions on every change of a unit and on
-/// every change of whether the host is [`claimed`] (`host` carries the agent's ByoHost), until
-/// aborted. Reconnects (after 5 s) when the watch or the API fails.
+/// every change of whether the host is [`claimed`] (`seen` carries the agent's ByoHost as its
+/// watch sees it), until aborted. Reconnects (after 5 s) when the watch or the API fails.
 pub async fn report_loop(
-    client: kube::Client,
-    namespace: String,
-    name: String,
+    host: HostHandle,
     systemd: SystemdManager,
-    mut host: tokio::sync::watch::Receiver<Option<ByoHost>>,
+    mut seen: tokio::sync::watch::Receiver<Option<ByoHost>>,
 ) {
-    let hosts: Api<ByoHost> = Api::namespaced(client, &namespace);
     let mut last: Vec<Option<UnitState>> = vec![None; REPORTED_UNITS.len()];
-    let mut is_claimed = claimed(host.borrow_and_update().as_ref());
+    let mut is_claimed = claimed(seen.borrow_and_update().as_ref());
     loop {
         let mut streams = Vec::new();
         for (i, (unit, _)) in REPORTED_UNITS.iter().enumerate() {
@@ -90,11 +87,11 @@ pub async fn report_loop(
                     tracing::info!(unit, "{unit} is now {}", state.describe());
                     last[i] = Some(state);
                 }
-                changed = host.changed() => {
+                changed = seen.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    let now = claimed(host.borrow_and_update().as_ref());
+                    let now = claimed(seen.borrow_and_update().as_ref());
                     if now == is_claimed {
                         continue;
                     }
@@ -104,10 +101,10 @@ pub async fn report_loop(
             // Retry until reported (the API server may be away); later changes wait meanwhile
             // and are folded in, since `last` always holds the newest states.
             let mut delay = Duration::from_secs(1);
-            while let Err(e) = apply(&hosts, &name, &last, is_claimed).await {
+            while let Err(e) = apply(&host, &last, is_claimed).await {
                 tracing::warn!(
                     "reporting unit conditions failed: {}; retrying in {}s",
-                    byoh_api::apierror::line(&e),
+                    e,
                     delay.as_secs()
                 );
                 tokio::time::sleep(delay).await;
@@ -120,11 +117,10 @@ pub async fn report_loop(
 }
 
 async fn apply(
-    hosts: &Api<ByoHost>,
-    name: &str,
+    host: &HostHandle,
     states: &[Option<UnitState>],
     claimed: bool,
-) -> Result<(), kube::Error> {
+) -> Result<(), HostApiError> {
     let owned: Vec<&str> = REPORTED_UNITS.iter().map(|(_, t)| *t).collect();
     let reported: Vec<(&str, (bool, &str, String))> = REPORTED_UNITS
         .iter()
@@ -135,19 +131,12 @@ async fn apply(
                 .map(|state| (*ctype, condition_for(unit, state, claimed)))
         })
         .collect();
-    let updates: Vec<crate::hoststatus::Update> = reported
+    let updates: Vec<ConditionUpdate> = reported
         .iter()
         .map(|(ctype, (ok, reason, message))| (*ctype, *ok, *reason, message.as_str()))
         .collect();
-    crate::hoststatus::apply_conditions(
-        hosts,
-        name,
-        FIELD_MANAGER,
-        &owned,
-        &updates,
-        serde_json::json!({}),
-    )
-    .await
+    host.apply_conditions(FIELD_MANAGER, &owned, &updates, serde_json::json!({}))
+        .await
 }
 
 #[cfg(test)]

@@ -5,81 +5,113 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// Sets condition `type_` in `conditions` (metav1.Condition semantics): `lastTransitionTime`
-/// becomes `now` only when the status changes or the condition is new; reason, message and
-/// observedGeneration are always updated. Returns whether anything changed.
-pub fn set(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
+/// Marks conditions of one object at one moment, as Cluster API's `conditions.MarkTrue` /
+/// `MarkFalse` do (metav1.Condition semantics): `lastTransitionTime` becomes the marker's `now`
+/// only when the status changes or the condition is new; reason, message and
+/// `observedGeneration` are always updated. Every `mark*` returns whether anything changed.
+///
+/// ```
+/// # use byoh_api::conditions::{Marker, types, reasons};
+/// # use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+/// let mut conditions = Vec::new();
+/// let marker = Marker::new(Some(3), Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+/// assert!(marker.mark_true(&mut conditions, types::READY, reasons::AS_EXPECTED, ""));
+/// assert_eq!(conditions[0].observed_generation, Some(3));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Marker {
     observed_generation: Option<i64>,
     now: Time,
-) -> bool {
-    let status = if status { "True" } else { "False" };
-    let new = Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation,
-        last_transition_time: now,
-    };
-    match conditions.iter_mut().find(|c| c.type_ == type_) {
-        Some(c) => {
-            let transition = if c.status == status {
-                c.last_transition_time.clone()
-            } else {
-                new.last_transition_time.clone()
-            };
-            let changed = c.status != new.status
-                || c.reason != new.reason
-                || c.message != new.message
-                || c.observed_generation != new.observed_generation;
-            *c = Condition {
-                last_transition_time: transition,
-                ..new
-            };
-            changed
-        }
-        None => {
-            conditions.push(new);
-            true
-        }
-    }
 }
 
-/// Sets Cluster API's `Paused` condition (the v1beta2 provider contract: every object a
-/// provider reconciles reports it): `True`/`Paused` with `message` when `paused`, else
-/// `False`/`NotPaused` with no message. Returns whether anything changed, as [`set`].
-pub fn set_paused(
-    conditions: &mut Vec<Condition>,
-    paused: bool,
-    message: &str,
-    observed_generation: Option<i64>,
-    now: Time,
-) -> bool {
-    if paused {
-        set(
-            conditions,
-            types::PAUSED,
-            true,
-            reasons::PAUSED,
-            message,
+impl Marker {
+    /// A marker for an object of `metadata.generation` `observed_generation`, at `now`.
+    pub fn new(observed_generation: Option<i64>, now: Time) -> Self {
+        Marker {
             observed_generation,
             now,
-        )
-    } else {
-        set(
-            conditions,
-            types::PAUSED,
-            false,
-            reasons::NOT_PAUSED,
-            "",
-            observed_generation,
-            now,
-        )
+        }
+    }
+
+    /// Sets condition `type_` to `True` with `reason` and `message`.
+    pub fn mark_true(
+        &self,
+        conditions: &mut Vec<Condition>,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) -> bool {
+        self.mark(conditions, type_, true, reason, message)
+    }
+
+    /// Sets condition `type_` to `False` with `reason` and `message`.
+    pub fn mark_false(
+        &self,
+        conditions: &mut Vec<Condition>,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) -> bool {
+        self.mark(conditions, type_, false, reason, message)
+    }
+
+    /// Sets condition `type_` to `True` when `status`, else `False`, with `reason` and
+    /// `message` (for a status computed by the caller).
+    pub fn mark(
+        &self,
+        conditions: &mut Vec<Condition>,
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: &str,
+    ) -> bool {
+        let status = if status { "True" } else { "False" };
+        let new = Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: self.observed_generation,
+            last_transition_time: self.now.clone(),
+        };
+        match conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(c) => {
+                let transition = if c.status == status {
+                    c.last_transition_time.clone()
+                } else {
+                    new.last_transition_time.clone()
+                };
+                let changed = c.status != new.status
+                    || c.reason != new.reason
+                    || c.message != new.message
+                    || c.observed_generation != new.observed_generation;
+                *c = Condition {
+                    last_transition_time: transition,
+                    ..new
+                };
+                changed
+            }
+            None => {
+                conditions.push(new);
+                true
+            }
+        }
+    }
+
+    /// Sets Cluster API's `Paused` condition (the v1beta2 provider contract: every object a
+    /// provider reconciles reports it): `True`/`Paused` with `message` when `paused`, else
+    /// `False`/`NotPaused` with no message.
+    pub fn mark_paused(
+        &self,
+        conditions: &mut Vec<Condition>,
+        paused: bool,
+        message: &str,
+    ) -> bool {
+        if paused {
+            self.mark_true(conditions, types::PAUSED, reasons::PAUSED, message)
+        } else {
+            self.mark_false(conditions, types::PAUSED, reasons::NOT_PAUSED, "")
+        }
     }
 }
 
@@ -323,56 +355,21 @@ mod tests {
     #[test]
     fn transition_time_moves_only_on_status_change() {
         let mut c = Vec::new();
-        assert!(set(
-            &mut c,
-            "Ready",
-            false,
-            "Waiting",
-            "m1",
-            Some(1),
-            t("2026-01-01T00:00:00Z")
-        ));
-        assert!(!set(
-            &mut c,
-            "Ready",
-            false,
-            "Waiting",
-            "m1",
-            Some(1),
-            t("2026-01-01T00:01:00Z")
-        ));
+        let at = |g, s| Marker::new(g, t(s));
+        assert!(at(Some(1), "2026-01-01T00:00:00Z").mark_false(&mut c, "Ready", "Waiting", "m1"));
+        assert!(!at(Some(1), "2026-01-01T00:01:00Z").mark_false(&mut c, "Ready", "Waiting", "m1"));
         assert_eq!(c[0].last_transition_time, t("2026-01-01T00:00:00Z"));
-        assert!(set(
-            &mut c,
-            "Ready",
-            false,
-            "Other",
-            "m2",
-            Some(2),
-            t("2026-01-01T00:02:00Z")
-        ));
+        assert!(at(Some(2), "2026-01-01T00:02:00Z").mark_false(&mut c, "Ready", "Other", "m2"));
         assert_eq!(c[0].last_transition_time, t("2026-01-01T00:00:00Z"));
-        assert!(set(
-            &mut c,
-            "Ready",
-            true,
-            "AsExpected",
-            "",
-            Some(2),
-            t("2026-01-01T00:03:00Z")
-        ));
+        assert!(at(Some(2), "2026-01-01T00:03:00Z").mark_true(&mut c, "Ready", "AsExpected", ""));
         assert_eq!(c[0].last_transition_time, t("2026-01-01T00:03:00Z"));
         assert!(is_true(&c, "Ready"));
-        assert!(set(
-            &mut c,
-            "Paused",
-            false,
-            "NotPaused",
-            "",
-            None,
-            t("2026-01-01T00:04:00Z")
-        ));
+        assert!(at(None, "2026-01-01T00:04:00Z").mark_paused(&mut c, false, "ignored"));
         assert_eq!(c.len(), 2);
         assert!(!is_true(&c, "Paused"));
+        assert_eq!(c[1].reason, "NotPaused");
+        assert!(at(None, "2026-01-01T00:05:00Z").mark_paused(&mut c, true, "cluster paused"));
+        assert!(is_true(&c, "Paused"));
+        assert_eq!(c[1].message, "cluster paused");
     }
 }

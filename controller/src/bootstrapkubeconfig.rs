@@ -211,14 +211,12 @@ fn set_ready(
     reason: &str,
     message: &str,
 ) {
-    conditions::set(
+    conditions::Marker::new(bk.metadata.generation, Time(Timestamp::now())).mark(
         &mut status.conditions,
         types::READY,
         ready,
         reason,
         message,
-        bk.metadata.generation,
-        Time(Timestamp::now()),
     );
 }
 

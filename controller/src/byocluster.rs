@@ -152,12 +152,10 @@ pub async fn reconcile(bc: Arc<ByoCluster>, ctx: Arc<Context>) -> Result<Action,
     let mut status = bc.status.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let generation = bc.meta().generation;
-    conditions::set_paused(
+    conditions::Marker::new(generation, now.clone()).mark_paused(
         &mut status.conditions,
         paused,
         "the Cluster or the ByoCluster is paused",
-        generation,
-        now.clone(),
     );
     if paused {
         apply_status(&api, &name, &status).await?;
@@ -167,14 +165,11 @@ pub async fn reconcile(bc: Arc<ByoCluster>, ctx: Arc<Context>) -> Result<Action,
     if bc.meta().deletion_timestamp.is_some() {
         let remaining = ByoMachineCount::of(&ctx, &ns, cluster_name(&bc).as_deref()).await?;
         if remaining > 0 {
-            conditions::set(
+            conditions::Marker::new(generation, now).mark_false(
                 &mut status.conditions,
                 types::READY,
-                false,
                 reasons::DELETING,
                 &format!("waiting for {remaining} ByoMachines of the cluster to be deleted"),
-                generation,
-                now,
             );
             apply_status(&api, &name, &status).await?;
             // ByoMachine deletions trigger this reconcile; the requeue is a safety net.
@@ -285,24 +280,18 @@ async fn provision(
     }
     status.failure_domains = bc.spec.failure_domains.clone();
     if provisioned {
-        conditions::set(
+        conditions::Marker::new(generation, now).mark_true(
             &mut status.conditions,
             types::READY,
-            true,
             reasons::AS_EXPECTED,
             "",
-            generation,
-            now,
         );
     } else {
-        conditions::set(
+        conditions::Marker::new(generation, now).mark_false(
             &mut status.conditions,
             types::READY,
-            false,
             reasons::WAITING_FOR_CONTROL_PLANE_ENDPOINT,
             "set spec.controlPlaneEndpoint.host on the ByoCluster or the Cluster",
-            generation,
-            now,
         );
     }
     apply_status(api, &name, &status).await?;

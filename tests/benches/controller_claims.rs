@@ -36,12 +36,9 @@
 
 #![allow(clippy::unwrap_used)] // a benchmark: a panic is the failure report
 
-#[path = "../tests/controller_support/mod.rs"]
-mod controller_support;
-
 use byoh_api::ByoHost;
 use byoh_tests::control_plane::{self, TestNamespace};
-use controller_support::*;
+use byoh_tests::objects::*;
 use futures::{StreamExt, TryStreamExt};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};

@@ -82,8 +82,8 @@ pub async fn create_bootstrap_token(
 }
 
 /// Grants what hosts need until the controller maintains per-host RBAC: bootstrappers and hosts
-/// may create/read CSRs (cluster-wide, idempotent); hosts may manage ByoHosts and Leases and
-/// read Secrets and K8sInstallerConfigs in `namespace`.
+/// may create/read CSRs (cluster-wide, idempotent); hosts may manage ByoHosts and Leases, write
+/// Events and read Secrets and K8sInstallerConfigs in `namespace`.
 ///
 /// Errors when an RBAC object cannot be applied.
 pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::Result<()> {
@@ -159,6 +159,8 @@ pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::
                 &["leases"],
                 &["get", "create", "patch", "update"],
             ),
+            // Events about its ByoHost, as the controller's per-host Role grants.
+            rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
             // Bootstrap data and installer configs (the controller narrows these per host).
             rule(&[""], &["secrets"], &["get"]),
             rule(&[byoh_api::GROUP], &["k8sinstallerconfigs"], &["get"]),

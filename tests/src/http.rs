@@ -1,13 +1,21 @@
-//! A loopback HTTP file server for installer tests: serves fixed bodies on 127.0.0.1 (test hosts
-//! share the test machine's network namespace, so they reach it too) and counts the requests
-//! per path, so a test can show that a download happened exactly once.
+//! The tests' one loopback HTTP(S) file server: serves fixed bodies or the files of a directory
+//! (streamed from disk) on 127.0.0.1 (test hosts share the test machine's network namespace, so
+//! they reach it too) and counts the requests per path, so a test can show that a download
+//! happened exactly once.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+/// What a path serves: a body held in memory, or a file read from disk on each request.
+enum Body {
+    Bytes(Vec<u8>),
+    File(PathBuf),
+}
+
 /// A running server; it stops when the test's runtime ends.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct FileServer {
     base: String,
     hits: Arc<Mutex<BTreeMap<String, usize>>>,
@@ -19,6 +27,22 @@ impl FileServer {
     ///
     /// Errors when the port cannot be bound.
     pub async fn start(files: Vec<(String, Vec<u8>)>) -> anyhow::Result<FileServer> {
+        Self::serve(bodies(files), None).await
+    }
+
+    /// Serves every regular file of `dir` (flat: `GET /<name>`; names starting with `.` are
+    /// not served), streamed from disk, over HTTP/1.1 on an ephemeral port of 127.0.0.1.
+    ///
+    /// Errors when `dir` cannot be read or the port cannot be bound.
+    pub async fn start_dir(dir: &Path) -> anyhow::Result<FileServer> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.file_type()?.is_file() && !name.starts_with('.') {
+                files.push((format!("/{name}"), Body::File(entry.path())));
+            }
+        }
         Self::serve(files, None).await
     }
 
@@ -39,14 +63,14 @@ impl FileServer {
             .with_no_client_auth()
             .with_single_cert(chain, key)?;
         Self::serve(
-            files,
+            bodies(files),
             Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
         )
         .await
     }
 
     async fn serve(
-        files: Vec<(String, Vec<u8>)>,
+        files: Vec<(String, Body)>,
         tls: Option<tokio_rustls::TlsAcceptor>,
     ) -> anyhow::Result<FileServer> {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -121,8 +145,18 @@ where
     Some(path.split('?').next().unwrap_or("/").to_string())
 }
 
+fn bodies(files: Vec<(String, Vec<u8>)>) -> Vec<(String, Body)> {
+    files
+        .into_iter()
+        .map(|(path, body)| (path, Body::Bytes(body)))
+        .collect()
+}
+
+const NOT_FOUND: &[u8] =
+    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
 /// Answers one HTTP/1.1 request on `s` from `files`, counting it in `counter`.
-async fn answer<S>(mut s: S, files: &[(String, Vec<u8>)], counter: &Mutex<BTreeMap<String, usize>>)
+async fn answer<S>(mut s: S, files: &[(String, Body)], counter: &Mutex<BTreeMap<String, usize>>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -135,21 +169,29 @@ where
     if let Ok(mut h) = counter.lock() {
         *h.entry(path.clone()).or_default() += 1;
     }
-    let resp = match files.iter().find(|(p, _)| *p == path) {
-        Some((_, body)) => {
-            let mut r = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            )
-            .into_bytes();
+    let head =
+        |len: u64| format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n");
+    match files.iter().find(|(p, _)| *p == path).map(|(_, b)| b) {
+        Some(Body::Bytes(body)) => {
+            let mut r = head(body.len() as u64).into_bytes();
             r.extend_from_slice(body);
-            r
+            let _ = s.write_all(&r).await;
         }
+        Some(Body::File(file)) => match tokio::fs::File::open(file).await {
+            Ok(mut f) => {
+                let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+                if s.write_all(head(len).as_bytes()).await.is_ok() {
+                    let _ = tokio::io::copy(&mut f, &mut s).await;
+                }
+            }
+            Err(_) => {
+                let _ = s.write_all(NOT_FOUND).await;
+            }
+        },
         None => {
-            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
+            let _ = s.write_all(NOT_FOUND).await;
         }
-    };
-    let _ = s.write_all(&resp).await;
+    }
     let _ = s.shutdown().await;
 }
 

@@ -7,7 +7,6 @@
 use anyhow::{Context as _, bail};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tokio::io::AsyncWriteExt as _;
 
 /// What a worker needs to join the control plane (`DIR/join.env` of `kubeadm-init`).
 #[derive(Debug, Clone)]
@@ -78,12 +77,12 @@ pub fn stage_artifacts() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(run_script("artifacts", &[])?))
 }
 
-/// Artifacts served over HTTP on 127.0.0.1 until dropped.
+/// Artifacts served over HTTP on 127.0.0.1 ([`crate::http::FileServer`]) until the test's
+/// runtime ends.
 #[derive(Debug)]
 pub struct ArtifactServer {
-    base: String,
+    server: crate::http::FileServer,
     sums: BTreeMap<String, String>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl ArtifactServer {
@@ -98,20 +97,13 @@ impl ArtifactServer {
             .filter_map(|l| l.split_once("  "))
             .map(|(sum, name)| (name.to_string(), sum.to_string()))
             .collect();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let dir = dir.to_path_buf();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve_one(stream, dir.clone()));
-            }
-        });
-        Ok(Self { base, sums, task })
+        let server = crate::http::FileServer::start_dir(dir).await?;
+        Ok(Self { server, sums })
     }
 
     /// `http://127.0.0.1:<port>`.
     pub fn base_url(&self) -> &str {
-        &self.base
+        self.server.base()
     }
 
     /// A `tarball` K8sInstallerConfig spec (YAML) for every staged artifact.
@@ -123,7 +115,7 @@ impl ArtifactServer {
                 .sums
                 .get(name)
                 .with_context(|| format!("no sha256 for {name} in SHA256SUMS"))?;
-            Ok(serde_json::json!({"url": format!("{}/{name}", self.base), "sha256": sha}))
+            Ok(serde_json::json!({"url": format!("{}/{name}", self.server.base()), "sha256": sha}))
         };
         Ok(serde_json::json!({"tarball": {
             "kubeadm": art("kubeadm")?,
@@ -133,42 +125,6 @@ impl ArtifactServer {
             "cniPlugins": art("cni-plugins.tgz")?,
         }}))
     }
-}
-
-impl Drop for ArtifactServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn serve_one(mut s: tokio::net::TcpStream, dir: PathBuf) {
-    let Some(path) = crate::http::request_path(&mut s).await else {
-        return;
-    };
-    let name = path.trim_start_matches('/');
-    let file =
-        (!name.is_empty() && !name.contains('/') && !name.starts_with('.')).then(|| dir.join(name));
-    match file.map(std::fs::File::open) {
-        Some(Ok(f)) => {
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-            let head = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {len}\r\ncontent-type: application/octet-stream\r\nconnection: close\r\n\r\n"
-            );
-            if s.write_all(head.as_bytes()).await.is_err() {
-                return;
-            }
-            let mut f = tokio::fs::File::from_std(f);
-            let _ = tokio::io::copy(&mut f, &mut s).await;
-        }
-        _ => {
-            let _ = s
-                .write_all(
-                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                )
-                .await;
-        }
-    }
-    let _ = s.shutdown().await;
 }
 
 /// Preflight checks of `kubeadm join` that cannot pass inside a systemd-nspawn test host

@@ -14,10 +14,15 @@
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
 //! - [`tarball`]: stand-in Kubernetes binaries served as an installer `tarball` source.
+//! - [`objects`]: CAPI and BYOH objects for controller tests, the controller run in-process.
+//! - [`access`]: the generated components installed; clients as the controller, a host, a
+//!   token, a certificate or an impersonated user.
+//! - [`eventually`]: polling until a condition holds, with a time limit.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
 
+pub mod access;
 pub mod agent;
 pub mod apt_repo;
 pub mod control_plane;
@@ -26,6 +31,7 @@ pub mod hosts;
 pub mod http;
 pub mod kubeadm;
 pub mod machine;
+pub mod objects;
 pub mod phases;
 pub mod pool;
 pub mod tarball;
@@ -45,4 +51,24 @@ pub fn missing_part(reason: &str) {
     }
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
+}
+
+/// Polls `probe` every 200 ms until it yields `Some` and returns that, panicking after
+/// `timeout` with a message naming `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: std::time::Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }

@@ -32,8 +32,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-#[path = "security_common/mod.rs"]
-mod security_common;
+use byoh_tests::access;
 
 use anyhow::{Context as _, ensure};
 use byoh_api::{ByoHost, ByoMachine};
@@ -222,7 +221,7 @@ impl Site {
         let ca = TestCa::new("BYOH e2e site CA")?;
         let mirror = PackageMirror::start(&ca).await?;
         phases.done("images served, package mirror built and served");
-        security_common::apply_yaml(&admin, &security_common::components_text()?, false).await?;
+        access::apply_yaml(&admin, &access::components_text()?, false).await?;
         let ns = TestNamespace::create(&admin, "capi-e2e").await?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
         phases.done("BYOH components + controller started");
@@ -518,7 +517,7 @@ async fn create(site: &Site) -> anyhow::Result<()> {
     let yaml = site.generate_cluster(None)?;
     ensure!(!yaml.contains("${"), "unsubstituted variable in:\n{yaml}");
     let yaml = skip_system_verification(&yaml)?;
-    security_common::apply_yaml(&site.admin, &yaml, false).await?;
+    access::apply_yaml(&site.admin, &yaml, false).await?;
     site.phases
         .done("cluster generated and applied as generated");
 

@@ -21,10 +21,8 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-#[path = "controller_support/mod.rs"]
-mod controller_support;
-#[path = "security_common/mod.rs"]
-mod security_common;
+use byoh_tests::access;
+use byoh_tests::objects;
 
 use anyhow::{Context as _, ensure};
 use byoh_api::{ByoHost, ByoMachine};
@@ -231,7 +229,7 @@ impl Bed {
                 &format!("byoh:v{VERSION}"),
             ],
         ))?;
-        security_common::apply_yaml(&admin, &components, false).await?;
+        access::apply_yaml(&admin, &components, false).await?;
         let ns = TestNamespace::create(&admin, "capi-managers").await?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
         say(&format!(
@@ -316,13 +314,7 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
     let ns = bed.ns.name();
 
     // A host registered in the pool, as the agent leaves it (ByoHost Available + Lease).
-    controller_support::create_host(
-        &bed.admin,
-        ns,
-        HOST,
-        &controller_support::HostOpts::default(),
-    )
-    .await;
+    objects::create_host(&bed.admin, ns, HOST, &objects::HostOpts::default()).await;
 
     // `clusterctl generate cluster` of the release's default template, applied as generated.
     let generated = run(clusterctl(
@@ -347,7 +339,7 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
     )
     .env("CONTROL_PLANE_ENDPOINT_IP", ENDPOINT))?;
     let generated = with_host_modules(&generated)?;
-    security_common::apply_yaml(&bed.admin, &generated, false)
+    access::apply_yaml(&bed.admin, &generated, false)
         .await
         .context("applying the output of clusterctl generate cluster")?;
     say(&format!(

@@ -5,6 +5,7 @@
 
 use byoh_api::{ByoCluster, ByoClusterSpec, ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec};
 use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::eventually;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -22,28 +23,8 @@ use kube::api::{
 };
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// Polls `probe` every 250 ms until it yields `Some`, or panics after `timeout` naming `what`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 fn is_not_found<T>(r: &Result<T, kube::Error>) -> bool {
     matches!(r, Err(kube::Error::Api(s)) if s.code == 404)

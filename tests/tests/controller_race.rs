@@ -4,11 +4,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod controller_support;
-
 use byoh_api::{ByoHost, ByoMachine};
 use byoh_tests::control_plane::{self, TestNamespace};
-use controller_support::*;
+use byoh_tests::objects::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};

@@ -4,15 +4,13 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod controller_support;
-
 use byoh_api::installer::{
     K8sInstallerConfig, K8sInstallerConfigSpec, K8sInstallerConfigTemplate,
     K8sInstallerConfigTemplateSpec, PreinstalledSource,
 };
 use byoh_api::{ByoCluster, ByoHost, ByoMachine, finalizers, labels};
 use byoh_tests::control_plane::{self, TestNamespace};
-use controller_support::*;
+use byoh_tests::objects::*;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;

@@ -20,8 +20,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-#[path = "security_common/mod.rs"]
-mod security_common;
+use byoh_tests::access;
 
 use anyhow::{Context as _, ensure};
 use byoh_api::{ByoHost, ByoMachine};
@@ -74,7 +73,7 @@ impl Bed {
         let dir = kubeadm::stage_artifacts()?;
         let artifacts = ArtifactServer::start(&dir).await?;
         phases.done("installer artifacts staged and served");
-        security_common::apply_yaml(&admin, &security_common::components_text()?, false).await?;
+        access::apply_yaml(&admin, &access::components_text()?, false).await?;
         let ns = TestNamespace::create(&admin, test).await?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
         phases.done("infrastructure components + controller started");

@@ -967,3 +967,126 @@ async fn tarball_install_through_a_claim_bootstraps_and_the_release_reverts_ever
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
 }
+
+/// `(type, reason, note)` of the Events about ByoHost `name`, oldest first, checking that the
+/// agent reported each of them.
+async fn host_events(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String, String)> {
+    use k8s_openapi::api::events::v1::Event;
+    let mut events: Vec<Event> = Api::<Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect();
+    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    for e in &events {
+        assert_eq!(e.reporting_controller.as_deref(), Some("byoh-agent"));
+        assert_eq!(e.reporting_instance.as_deref(), Some(name));
+        assert_eq!(
+            e.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+            Some("ByoHost")
+        );
+    }
+    events
+        .into_iter()
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 17 #6: `kubectl describe byohost` tells the story of a claim — Events for the claim,
+/// the bootstrap's success, the release and the clean-up, then a failing bootstrap — as the
+/// real API server stored them, never with the bootstrap token or command output.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_and_its_release_are_told_by_events_on_the_byohost() {
+    let Some((client, ns, host, hosts)) = setup("hostwork-events").await else {
+        return;
+    };
+    let name = host.name().to_string();
+    agent::create_bootstrap_secret(&client, ns.name(), "m1-bootstrap", &cabpk_case())
+        .await
+        .unwrap();
+    agent::claim_host(
+        &client,
+        ns.name(),
+        &name,
+        "m1",
+        "uid-m1-0001",
+        "m1-bootstrap",
+    )
+    .await
+    .unwrap();
+    wait_phase(&hosts, &name, "Provisioned", 60).await;
+    agent::request_release(&client, ns.name(), &name)
+        .await
+        .unwrap();
+    wait_cleaned(&hosts, &name, "uid-m1-0001").await;
+    agent::drop_claim(&client, ns.name(), &name).await.unwrap();
+    wait_phase(&hosts, &name, "Available", 60).await;
+
+    // A second claim whose `kubeadm join` fails.
+    host.write_file("/etc/byoh-test-kubeadm-fail", b"", 0o644)
+        .await
+        .unwrap();
+    agent::claim_host(
+        &client,
+        ns.name(),
+        &name,
+        "m2",
+        "uid-m2-0002",
+        "m1-bootstrap",
+    )
+    .await
+    .unwrap();
+    wait_phase(&hosts, &name, "Failed", 60).await;
+
+    let wanted = [
+        ("Normal", "Claimed"),
+        ("Normal", "BootstrapSucceeded"),
+        ("Normal", "ReleaseStarted"),
+        ("Normal", "Cleaned"),
+        ("Normal", "Claimed"),
+        ("Warning", "BootstrapFailed"),
+    ];
+    // Events are published in the background: wait until all are stored.
+    let waited = wait_for("the claim's Events", Duration::from_secs(30), || async {
+        let events = host_events(&client, ns.name(), &name).await;
+        Ok((events.len() >= wanted.len()).then_some(events))
+    })
+    .await;
+    let events = match waited {
+        Ok(events) => events,
+        Err(e) => panic!(
+            "{e}; Events so far: {:#?}",
+            host_events(&client, ns.name(), &name).await
+        ),
+    };
+    let got: Vec<(&str, &str)> = events
+        .iter()
+        .map(|(t, r, _)| (t.as_str(), r.as_str()))
+        .collect();
+    assert_eq!(got, wanted, "{events:#?}");
+    assert!(events[0].2.contains("/m1 "), "{events:#?}");
+    assert!(events[4].2.contains("/m2 "), "{events:#?}");
+    // The failure names its reason and where the details are, not the command's output.
+    let failed = &events[5].2;
+    assert!(failed.contains("BootstrapFailed"), "{failed}");
+    assert!(failed.contains("journalctl -u byoh-agent"), "{failed}");
+    for (_, _, note) in &events {
+        assert!(
+            !note.contains("abcdef.0123456789abcdef"),
+            "token in an Event: {note}"
+        );
+        assert!(
+            !note.contains("join failed"),
+            "command output in an Event: {note}"
+        );
+    }
+}

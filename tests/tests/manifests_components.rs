@@ -6,10 +6,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod security_common;
-
 use byoh_api::byomachine::ByoMachineTemplateResource;
 use byoh_api::{ByoMachineSpec, ByoMachineTemplate, ByoMachineTemplateSpec};
+use byoh_tests::access::*;
 use byoh_tests::control_plane::{self, TestNamespace};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -18,7 +17,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use security_common::*;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -6,11 +6,10 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod security_common;
-
 use byoh_api::{BootstrapKubeconfig, BootstrapKubeconfigSpec};
 use byoh_controller::bootstrapkubeconfig::{self, BootstrapKubeconfigOptions};
 use byoh_controller::csr::{self, CsrOptions};
+use byoh_tests::access::*;
 use byoh_tests::control_plane::{self, TestNamespace};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
@@ -18,7 +17,6 @@ use k8s_openapi::api::certificates::v1::{
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
-use security_common::*;
 use std::time::Duration;
 
 /// `(server, base64 CA)` of the admin kubeconfig.

@@ -10,10 +10,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod security_common;
-
 use byoh_api::ByoHost;
 use byoh_controller::csr::{self, CsrOptions};
+use byoh_tests::access::*;
 use byoh_tests::control_plane::TestNamespace;
 use byoh_tests::{agent, control_plane};
 use k8s_openapi::ByteString;
@@ -24,7 +23,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt as _};
-use security_common::*;
 use std::time::Duration;
 
 /// One CSR to file.

@@ -12,17 +12,15 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod security_common;
-
 use byoh_api::ByoHost;
 use byoh_api::byohost::{ByoHostSpec, HostClaim, MachineReference};
 use byoh_api::common::LocalObjectReference;
 use byoh_controller::hostaccess::{self, HostAccessOptions};
+use byoh_tests::access::*;
 use byoh_tests::control_plane::{self, TestNamespace};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use security_common::*;
 use serde_json::json;
 use std::time::Duration;
 

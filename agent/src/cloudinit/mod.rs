@@ -38,7 +38,7 @@ pub use encoding::Encoding;
 pub use execute::{ExecError, ExecReport, execute, run_boot_command, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;
-pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail};
+pub use runner::{CommandOutcome, CommandRunner, Exit, TokioRunner, stderr_tail, stdout_to_file};
 pub use template::{GO_DEFAULT_INTERFACE, InstanceData, SUPPORTED_JINJA_NAMES};
 pub use validate::{Command, FileWrite, Plan, ValidateOptions, validate};
 

@@ -219,6 +219,20 @@ impl CommandRunner for TokioRunner {
     }
 }
 
+/// `argv` wrapped so that its standard output goes to `out_file` (runners keep only standard
+/// error): `/bin/sh -c 'exec "$@" >"$0"' OUT_FILE ARGV...` — the file name and every argument are
+/// passed as shell parameters, never parsed by the shell.
+pub fn stdout_to_file(argv: &[String], out_file: &std::path::Path) -> Vec<String> {
+    let mut wrapped: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "exec \"$@\" >\"$0\"".into(),
+        out_file.display().to_string(),
+    ];
+    wrapped.extend(argv.iter().cloned());
+    wrapped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

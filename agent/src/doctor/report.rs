@@ -34,25 +34,18 @@ pub fn condition_for(checks: &[Check]) -> (bool, &'static str, String) {
     }
 }
 
-/// Applies the `PreflightChecksPassed` condition for `checks` to ByoHost `namespace/name`
+/// Applies the `PreflightChecksPassed` condition for `checks` to the ByoHost of `host`
 /// (server-side apply, field manager [`FIELD_MANAGER`]; other conditions stay).
 ///
 /// # Errors
-/// The client error when the read or the apply fails.
+/// [`HostApiError`](crate::host::HostApiError) when the read or the apply fails.
 pub async fn apply_condition(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
+    host: &crate::host::HostHandle,
     checks: &[Check],
-) -> Result<(), kube::Error> {
-    use byoh_api::ByoHost;
+) -> Result<(), crate::host::HostApiError> {
     use byoh_api::conditions::types;
-    use kube::api::Api;
-    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), namespace);
     let (ok, reason, message) = condition_for(checks);
-    crate::hoststatus::apply_conditions(
-        &hosts,
-        name,
+    host.apply_conditions(
         FIELD_MANAGER,
         &[types::PREFLIGHT_CHECKS_PASSED],
         &[(types::PREFLIGHT_CHECKS_PASSED, ok, reason, &message)],

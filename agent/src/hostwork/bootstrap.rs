@@ -94,7 +94,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         };
         notify::status(&format!(
             "Bootstrapping for ByoMachine {}/{machine}",
-            self.settings.namespace
+            self.host.namespace()
         ));
         let installed_message = match installer_ref {
             Some(r) if installing => format!("installing as K8sInstallerConfig {} asks", r.name),
@@ -158,8 +158,8 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             self.save(state)?;
         }
         let instance = InstanceData {
-            local_hostname: self.settings.name.clone(),
-            instance_id: self.settings.name.clone(),
+            local_hostname: self.host.name().to_string(),
+            instance_id: self.host.name().to_string(),
             default_interface: crate::facts::default_interface(),
         };
         let plan = cloudinit::check_format(data.format.as_deref())
@@ -169,7 +169,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     &doc,
                     &ValidateOptions {
                         root: &self.settings.root,
-                        host_name: &self.settings.name,
+                        host_name: self.host.name(),
                         ignore_modules: &self.settings.ignore_modules,
                     },
                 )
@@ -239,10 +239,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     self.save(state)?;
                     notify::status(&format!(
                         "Installing Kubernetes components for ByoMachine {}/{machine}",
-                        self.settings.namespace
+                        self.host.namespace()
                     ));
                     let configs: Api<byoh_api::K8sInstallerConfig> =
-                        Api::namespaced(self.client.clone(), &self.settings.namespace);
+                        Api::namespaced(self.host.client().clone(), self.host.namespace());
                     let config = configs.get(&installer_ref.name).await.map_err(|source| {
                         WorkError::Api {
                             action: format!("reading K8sInstallerConfig {}", installer_ref.name),
@@ -396,7 +396,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 BootstrapStep::RunCmd(index) => {
                     notify::status(&format!(
                         "Bootstrapping for ByoMachine {}/{machine}: {step}",
-                        self.settings.namespace
+                        self.host.namespace()
                     ));
                     // This item and those after it, in one shell (`runcmd.rs`).
                     if let Some(message) = self.run_runcmd_batch(&plan, index, state).await? {
@@ -419,7 +419,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         tracing::info!(byoh_machine = %machine, byoh_phase = phase::PROVISIONED, "bootstrap for ByoMachine {machine} succeeded");
         notify::status(&format!(
             "Provisioned for ByoMachine {}/{machine}",
-            self.settings.namespace
+            self.host.namespace()
         ));
         self.report(host, phase::PROVISIONED, state, &provisioned_conditions())
             .await

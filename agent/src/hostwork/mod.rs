@@ -25,6 +25,7 @@
 //! failed step is reported (`CleanupSucceeded=False`, phase `CleaningUp`) and retried.
 
 use crate::cloudinit::{self, CommandRunner};
+use crate::host::HostHandle;
 use crate::state::{HostState, Outcome, StateError, StateFile};
 use crate::systemd::{UnitManager, notify};
 use byoh_api::ByoHost;
@@ -308,10 +309,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkError + '_ {
 /// Settings of the host work (from the agent config).
 #[derive(Clone, Debug)]
 pub struct WorkSettings {
-    /// Namespace of the ByoHost and the Secrets.
-    pub namespace: String,
-    /// ByoHost (and host) name.
-    pub name: String,
     /// State directory.
     pub state_dir: PathBuf,
     /// Filesystem root (`/`; a temp dir in unit tests).
@@ -331,7 +328,7 @@ pub struct WorkSettings {
 
 /// The worker: one round of [`HostWorker::work`] per change of the ByoHost (and retries).
 pub struct HostWorker<U, R> {
-    client: kube::Client,
+    host: HostHandle,
     settings: WorkSettings,
     units: U,
     runner: R,
@@ -378,11 +375,11 @@ pub fn provider_id_dropin(kubelet: &str, provider_id: &str) -> String {
 }
 
 impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
-    /// A worker for the host in `settings`.
-    pub fn new(client: kube::Client, settings: WorkSettings, units: U, runner: R) -> Self {
+    /// A worker for the ByoHost of `host`.
+    pub fn new(host: HostHandle, settings: WorkSettings, units: U, runner: R) -> Self {
         let state = StateFile::new(&settings.state_dir);
         HostWorker {
-            client,
+            host,
             settings,
             units,
             runner,
@@ -469,7 +466,6 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         state: &HostState,
         set: &[(&str, bool, &str, &str)],
     ) -> Result<(), WorkError> {
-        let hosts: Api<ByoHost> = Api::namespaced(self.client.clone(), &self.settings.namespace);
         let owned = [
             types::READY,
             types::BOOTSTRAP_SUCCEEDED,
@@ -481,27 +477,27 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             .as_ref()
             .map(|c| c.machine_uid.clone())
             .or_else(|| host.spec.claim.as_ref().map(|c| c.machine_ref.uid.clone()));
-        crate::hoststatus::apply_conditions(
-            &hosts,
-            &self.settings.name,
-            FIELD_MANAGER,
-            &owned,
-            set,
-            serde_json::json!({
-                "phase": phase_,
-                "observedMachineUID": observed,
-                "cleanedMachineUID": state.cleaned_machine_uid,
-            }),
-        )
-        .await
-        .map_err(|source| WorkError::Api {
-            action: format!("reporting host work ({phase_})"),
-            source,
-        })
+        self.host
+            .apply_conditions(
+                FIELD_MANAGER,
+                &owned,
+                set,
+                serde_json::json!({
+                    "phase": phase_,
+                    "observedMachineUID": observed,
+                    "cleanedMachineUID": state.cleaned_machine_uid,
+                }),
+            )
+            .await
+            .map_err(|e| WorkError::Api {
+                action: format!("reporting host work ({phase_})"),
+                source: e.source,
+            })
     }
 
     async fn bootstrap_data(&self, claim: &HostClaim) -> Result<Option<BootstrapData>, WorkError> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let secrets: Api<Secret> =
+            Api::namespaced(self.host.client().clone(), self.host.namespace());
         let name = &claim.bootstrap_secret_ref.name;
         let Some(secret) = secrets
             .get_opt(name)

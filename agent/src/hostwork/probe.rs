@@ -152,13 +152,7 @@ fn find_tool(root: &Path, name: &str) -> Option<String> {
 async fn output(runner: &impl CommandRunner, scratch: &Path, argv: &[String]) -> Option<String> {
     let out_file: PathBuf = scratch.join(".verify-output");
     let _ = std::fs::remove_file(&out_file);
-    let mut wrapped: Vec<String> = vec![
-        "/bin/sh".into(),
-        "-c".into(),
-        "exec \"$@\" >\"$0\"".into(),
-        out_file.display().to_string(),
-    ];
-    wrapped.extend(argv.iter().cloned());
+    let wrapped = crate::cloudinit::stdout_to_file(argv, &out_file);
     let result = runner.run(&RawCommand::Argv(wrapped), PROBE_TIMEOUT).await;
     let text = std::fs::read_to_string(&out_file).unwrap_or_default();
     let _ = std::fs::remove_file(&out_file);

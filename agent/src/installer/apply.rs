@@ -65,13 +65,7 @@ impl<R: CommandRunner> Commands<'_, R> {
             .map_err(InstallError::io("creating", self.scratch))?;
         let out_file = self.scratch.join(".command-output");
         let _ = std::fs::remove_file(&out_file);
-        let mut wrapped: Vec<String> = vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "exec \"$@\" >\"$0\"".into(),
-            out_file.display().to_string(),
-        ];
-        wrapped.extend(argv.iter().cloned());
+        let wrapped = crate::cloudinit::stdout_to_file(argv, &out_file);
         let result = self.run(&wrapped, timeout, hint).await;
         let text = std::fs::read_to_string(&out_file).unwrap_or_default();
         let _ = std::fs::remove_file(&out_file);
@@ -99,13 +93,13 @@ pub(super) fn argv(a: &[&str]) -> Vec<String> {
 }
 
 /// Where a step stands in the manifest.
-pub(super) enum Lookup {
+pub(super) enum StepProgress {
     New,
     Pending(usize, Change),
     Done,
 }
 
-pub(super) struct Ctx<'a, U, R> {
+pub(super) struct Applier<'a, U, R> {
     pub(super) root: &'a Path,
     pub(super) download_dir: &'a Path,
     pub(super) units: &'a U,
@@ -118,12 +112,12 @@ pub(super) struct Ctx<'a, U, R> {
 }
 
 /// What a file step puts in place.
-pub(super) enum Put<'a> {
+pub(super) enum Placement<'a> {
     File(&'a Path, u32),
     Symlink(&'a Path),
 }
 
-impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
+impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
     pub(super) fn real(&self, host: &Path) -> PathBuf {
         under(self.root, host)
     }
@@ -132,7 +126,7 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
         self.manifest.save(self.manifest_path)
     }
 
-    pub(super) fn lookup(&self, key: &str) -> Lookup {
+    pub(super) fn lookup(&self, key: &str) -> StepProgress {
         match self
             .manifest
             .changes
@@ -140,14 +134,14 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
             .enumerate()
             .find(|(_, e)| e.change.key() == key)
         {
-            None => Lookup::New,
-            Some((_, e)) if e.done => Lookup::Done,
-            Some((i, e)) => Lookup::Pending(i, e.change.clone()),
+            None => StepProgress::New,
+            Some((_, e)) if e.done => StepProgress::Done,
+            Some((i, e)) => StepProgress::Pending(i, e.change.clone()),
         }
     }
 
     pub(super) fn recorded(&self, key: &str) -> bool {
-        !matches!(self.lookup(key), Lookup::New)
+        !matches!(self.lookup(key), StepProgress::New)
     }
 
     /// Records the intent of `change` (not done yet) and saves the manifest.
@@ -214,9 +208,9 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
         }
         for d in missing.into_iter().rev() {
             let idx = match self.lookup(&format!("dir:{}", d.display())) {
-                Lookup::Done => None,
-                Lookup::Pending(i, _) => Some(i),
-                Lookup::New => Some(self.record(Change::DirCreated { path: d.clone() })?),
+                StepProgress::Done => None,
+                StepProgress::Pending(i, _) => Some(i),
+                StepProgress::New => Some(self.record(Change::DirCreated { path: d.clone() })?),
             };
             let real = self.real(&d);
             let m = if d == dir { mode } else { 0o755 };
@@ -236,17 +230,17 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
 
     /// Puts a file or symlink at host path `host`, recording FileCreated/FileReplaced
     /// (SymlinkCreated); nothing when it is already as wanted.
-    pub(super) fn put(&mut self, host: &Path, what: Put<'_>) -> Result<(), InstallError> {
+    pub(super) fn put(&mut self, host: &Path, what: Placement<'_>) -> Result<(), InstallError> {
         let key = format!("file:{}", host.display());
         let real = self.real(host);
         let (idx, change) = match self.lookup(&key) {
-            Lookup::Done => return Ok(()),
-            Lookup::Pending(i, c) => (i, c),
-            Lookup::New => {
+            StepProgress::Done => return Ok(()),
+            StepProgress::Pending(i, c) => (i, c),
+            StepProgress::New => {
                 let change = match real.symlink_metadata() {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &what {
-                        Put::File(..) => Change::FileCreated { path: host.into() },
-                        Put::Symlink(t) => Change::SymlinkCreated {
+                        Placement::File(..) => Change::FileCreated { path: host.into() },
+                        Placement::Symlink(t) => Change::SymlinkCreated {
                             path: host.into(),
                             target: t.to_path_buf(),
                         },
@@ -282,8 +276,8 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
             copy_entry(&real, backup)?;
         }
         match what {
-            Put::File(src, mode) => install_file(src, &real, mode)?,
-            Put::Symlink(target) => {
+            Placement::File(src, mode) => install_file(src, &real, mode)?,
+            Placement::Symlink(target) => {
                 let tmp = tmp_sibling(&real);
                 let _ = std::fs::remove_file(&tmp);
                 std::os::unix::fs::symlink(target, &tmp)
@@ -327,7 +321,7 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
                         .cloned()
                         .ok_or_else(|| invalid(format!("artifact {n} was not downloaded")))?,
                 };
-                let r = self.put(path, Put::File(&src, *mode));
+                let r = self.put(path, Placement::File(&src, *mode));
                 if matches!(content, Content::Text(_)) {
                     let _ = std::fs::remove_file(&src);
                 }
@@ -395,9 +389,9 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
         let have = dest.is_file() && download::sha256_file(&dest)? == a.sha256;
         if !have {
             let idx = match self.lookup(&key) {
-                Lookup::Pending(i, _) => Some(i),
-                Lookup::New => Some(self.record(Change::Downloaded { path: dest.clone() })?),
-                Lookup::Done => None,
+                StepProgress::Pending(i, _) => Some(i),
+                StepProgress::New => Some(self.record(Change::Downloaded { path: dest.clone() })?),
+                StepProgress::Done => None,
             };
             let url = download::redact_url(&a.url);
             let version = &self.manifest.kubernetes_version;
@@ -413,9 +407,9 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
             if let Some(i) = idx {
                 self.done(i)?;
             }
-        } else if let Lookup::Pending(i, _) = self.lookup(&key) {
+        } else if let StepProgress::Pending(i, _) = self.lookup(&key) {
             self.done(i)?;
-        } else if let Lookup::New = self.lookup(&key) {
+        } else if let StepProgress::New = self.lookup(&key) {
             // Verified, but not recorded (downloaded by hand): still ours to clean up.
             let i = self.record(Change::Downloaded { path: dest.clone() })?;
             self.done(i)?;
@@ -427,11 +421,11 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
         let staging = dir.join(format!("{name}-{}.d", a.sha256));
         let skey = format!("download:{}", staging.display());
         let idx = match self.lookup(&skey) {
-            Lookup::Pending(i, _) => Some(i),
-            Lookup::New => Some(self.record(Change::Downloaded {
+            StepProgress::Pending(i, _) => Some(i),
+            StepProgress::New => Some(self.record(Change::Downloaded {
                 path: staging.clone(),
             })?),
-            Lookup::Done => None,
+            StepProgress::Done => None,
         };
         if staging.exists() {
             std::fs::remove_dir_all(&staging).map_err(InstallError::io("removing", &staging))?;
@@ -470,12 +464,15 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
                 if m.file_type().is_symlink() {
                     let target =
                         std::fs::read_link(&src).map_err(InstallError::io("reading", &src))?;
-                    self.put(&host, Put::Symlink(&target))?;
+                    self.put(&host, Placement::Symlink(&target))?;
                 } else if m.is_dir() {
                     self.ensure_dir(&host, m.permissions().mode() & 0o7777)?;
                     subdirs.push(r);
                 } else {
-                    self.put(&host, Put::File(&src, m.permissions().mode() & 0o7777))?;
+                    self.put(
+                        &host,
+                        Placement::File(&src, m.permissions().mode() & 0o7777),
+                    )?;
                 }
             }
             stack.extend(subdirs.into_iter().rev());
@@ -513,10 +510,10 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
 
     pub(super) async fn swapoff(&mut self) -> Result<(), InstallError> {
         let (idx, devices) = match self.lookup("swapoff") {
-            Lookup::Done => return Ok(()),
-            Lookup::Pending(i, Change::SwapDisabled { devices }) => (i, devices),
-            Lookup::Pending(i, _) => (i, Vec::new()),
-            Lookup::New => {
+            StepProgress::Done => return Ok(()),
+            StepProgress::Pending(i, Change::SwapDisabled { devices }) => (i, devices),
+            StepProgress::Pending(i, _) => (i, Vec::new()),
+            StepProgress::New => {
                 let devices = active_swaps(self.root);
                 if devices.is_empty() {
                     return Ok(());
@@ -546,10 +543,10 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
         let real = self.real(host);
         let key = format!("fstab:{}", host.display());
         let (idx, backup) = match self.lookup(&key) {
-            Lookup::Done => return Ok(()),
-            Lookup::Pending(i, Change::FstabSwapCommented { backup, .. }) => (i, backup),
-            Lookup::Pending(..) => return Ok(()),
-            Lookup::New => {
+            StepProgress::Done => return Ok(()),
+            StepProgress::Pending(i, Change::FstabSwapCommented { backup, .. }) => (i, backup),
+            StepProgress::Pending(..) => return Ok(()),
+            StepProgress::New => {
                 let text = std::fs::read_to_string(&real).unwrap_or_default();
                 if !text.lines().any(is_swap_line) {
                     return Ok(());
@@ -588,7 +585,7 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
         if !self.recorded(&file_key(SYSCTL_FILE)) {
             return Ok(());
         }
-        if let Lookup::New = self.lookup("sysctl") {
+        if let StepProgress::New = self.lookup("sysctl") {
             let values: BTreeMap<String, String> = SYSCTLS
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -611,9 +608,9 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
     ) -> Result<(), InstallError> {
         let key = format!("restart:{unit}");
         let idx = match self.lookup(&key) {
-            Lookup::Done => return Ok(()),
-            Lookup::Pending(i, _) => i,
-            Lookup::New => self.record(Change::UnitRestarted {
+            StepProgress::Done => return Ok(()),
+            StepProgress::Pending(i, _) => i,
+            StepProgress::New => self.record(Change::UnitRestarted {
                 unit: unit.into(),
                 warn_only,
             })?,
@@ -636,9 +633,9 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
     pub(super) async fn enable(&mut self, unit: &str) -> Result<(), InstallError> {
         let key = format!("enable:{unit}");
         let idx = match self.lookup(&key) {
-            Lookup::Done => return Ok(()),
-            Lookup::Pending(i, _) => i,
-            Lookup::New => {
+            StepProgress::Done => return Ok(()),
+            StepProgress::Pending(i, _) => i,
+            StepProgress::New => {
                 if unit_enabled(self.root, unit) {
                     return Ok(());
                 }
@@ -655,9 +652,9 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
     pub(super) async fn start(&mut self, unit: &str) -> Result<(), InstallError> {
         let key = format!("start:{unit}");
         let idx = match self.lookup(&key) {
-            Lookup::Done => return Ok(()),
-            Lookup::Pending(i, _) => i,
-            Lookup::New => {
+            StepProgress::Done => return Ok(()),
+            StepProgress::Pending(i, _) => i,
+            StepProgress::New => {
                 let st = self
                     .units
                     .state(unit)
@@ -679,15 +676,15 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
     pub(super) async fn containerd_config(&mut self) -> Result<(), InstallError> {
         let host = Path::new(CONTAINERD_CONFIG);
         let real = self.real(host);
-        if let Lookup::Done = self.lookup(&file_key(CONTAINERD_CONFIG)) {
+        if let StepProgress::Done = self.lookup(&file_key(CONTAINERD_CONFIG)) {
             return Ok(());
         }
         // The original content: from the backup when a previous attempt already recorded it.
         let original = match self.lookup(&file_key(CONTAINERD_CONFIG)) {
-            Lookup::Pending(_, Change::FileReplaced { backup, .. }) if backup.exists() => {
+            StepProgress::Pending(_, Change::FileReplaced { backup, .. }) if backup.exists() => {
                 Some(backup)
             }
-            Lookup::Pending(_, Change::FileCreated { .. }) => None,
+            StepProgress::Pending(_, Change::FileCreated { .. }) => None,
             _ => real.exists().then(|| real.clone()),
         };
         let (text, mode) = match &original {
@@ -718,7 +715,7 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
         std::fs::create_dir_all(self.download_dir)
             .map_err(InstallError::io("creating", self.download_dir))?;
         std::fs::write(&p, patched).map_err(InstallError::io("writing", &p))?;
-        let r = self.put(host, Put::File(&p, mode));
+        let r = self.put(host, Placement::File(&p, mode));
         let _ = std::fs::remove_file(&p);
         r
     }
@@ -770,13 +767,13 @@ impl<U: UnitManager, R: CommandRunner> Ctx<'_, U, R> {
 pub(super) fn same_as(
     real: &Path,
     m: &std::fs::Metadata,
-    what: &Put<'_>,
+    what: &Placement<'_>,
 ) -> Result<bool, InstallError> {
     Ok(match what {
-        Put::Symlink(t) => {
+        Placement::Symlink(t) => {
             m.file_type().is_symlink() && std::fs::read_link(real).is_ok_and(|l| l == *t)
         }
-        Put::File(src, mode) => {
+        Placement::File(src, mode) => {
             m.is_file()
                 && m.permissions().mode() & 0o7777 == *mode
                 && m.len()

@@ -24,12 +24,7 @@ pub enum Action {
     /// `plan install` or `plan uninstall`.
     Plan(PlanCommand),
     /// `install --config-file FILE --kubernetes-version V`.
-    Install {
-        /// The K8sInstallerConfig spec (YAML).
-        config_file: PathBuf,
-        /// The Kubernetes version.
-        kubernetes_version: String,
-    },
+    Install(crate::cli::InstallArgs),
     /// `uninstall`.
     Uninstall,
 }
@@ -45,15 +40,13 @@ pub fn run(action: Action, config_path: &Path) -> u8 {
         }
     };
     let result = match action {
-        Action::Plan(PlanCommand::Install {
-            config_file,
-            kubernetes_version,
-        }) => plan_install_cmd(&settings, &config_file, &kubernetes_version),
+        Action::Plan(PlanCommand::Install(args)) => {
+            plan_install_cmd(&settings, &args.config_file, &args.kubernetes_version)
+        }
         Action::Plan(PlanCommand::Uninstall) => plan_uninstall_cmd(&settings),
-        Action::Install {
-            config_file,
-            kubernetes_version,
-        } => install_cmd(&settings, &config_file, &kubernetes_version),
+        Action::Install(args) => {
+            install_cmd(&settings, &args.config_file, &args.kubernetes_version)
+        }
         Action::Uninstall => uninstall_cmd(&settings),
     };
     match result {

@@ -1,7 +1,7 @@
 //! Installing: runs the steps of the chosen source, each change recorded in the manifest before it
 //! is made.
 
-use super::apply::Ctx;
+use super::apply::Applier;
 use super::source::source_of;
 use super::steps::steps;
 use super::{InstallError, InstallManifest, InstallRequest, manifest};
@@ -60,7 +60,7 @@ pub async fn install(
             m
         }
     };
-    let mut ctx = Ctx {
+    let mut ctx = Applier {
         root: &req.root,
         download_dir: &req.download_dir,
         units,

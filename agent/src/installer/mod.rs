@@ -54,7 +54,7 @@ pub use steps::{cri_for_kubelet, kubeadm_dropin, kubelet_unit};
 pub use uninstall::{uninstall, uninstall_keeping};
 
 // For the files of this module (packages, checks, apply) that reach these through `super::`.
-use apply::{Commands, Ctx, Lookup, Put, argv};
+use apply::{Applier, Commands, Placement, StepProgress, argv};
 use checks::bare_version;
 use error::invalid;
 

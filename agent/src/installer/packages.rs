@@ -11,8 +11,8 @@
 //! (dependencies included) are recorded, so uninstall removes those and nothing else.
 
 use super::{
-    Change, Commands, Ctx, InstallError, Lookup, PACKAGE_COMMAND_TIMEOUT, PackageManager, Put,
-    SHORT_COMMAND_TIMEOUT, argv, bare_version, download,
+    Applier, Change, Commands, InstallError, PACKAGE_COMMAND_TIMEOUT, PackageManager, Placement,
+    SHORT_COMMAND_TIMEOUT, StepProgress, argv, bare_version, download,
 };
 use crate::cloudinit::CommandRunner;
 use crate::systemd::UnitManager;
@@ -106,7 +106,7 @@ impl PackageSteps {
 
     pub(super) async fn apply<U: UnitManager, R: CommandRunner>(
         &self,
-        ctx: &mut Ctx<'_, U, R>,
+        ctx: &mut Applier<'_, U, R>,
     ) -> Result<(), InstallError> {
         match self.manager {
             PackageManager::Apt => {
@@ -119,9 +119,9 @@ impl PackageSteps {
                 );
                 put_text(ctx, Path::new(APT_SOURCE), &source)?;
                 let idx = match ctx.lookup("apt-update") {
-                    Lookup::Done => None,
-                    Lookup::Pending(i, _) => Some(i),
-                    Lookup::New => Some(ctx.record(Change::AptUpdated)?),
+                    StepProgress::Done => None,
+                    StepProgress::Pending(i, _) => Some(i),
+                    StepProgress::New => Some(ctx.record(Change::AptUpdated)?),
                 };
                 if let Some(i) = idx {
                     ctx.commands()
@@ -138,9 +138,9 @@ impl PackageSteps {
                     return Ok(());
                 }
                 let idx = match ctx.lookup("packages-hold") {
-                    Lookup::Done => return Ok(()),
-                    Lookup::Pending(i, _) => i,
-                    Lookup::New => ctx.record(Change::PackagesHeld {
+                    StepProgress::Done => return Ok(()),
+                    StepProgress::Pending(i, _) => i,
+                    StepProgress::New => ctx.record(Change::PackagesHeld {
                         packages: installed.clone(),
                     })?,
                 };
@@ -168,16 +168,16 @@ impl PackageSteps {
     /// Downloads the key and installs it as the keyring; returns its host path.
     async fn fetch_key<U: UnitManager, R: CommandRunner>(
         &self,
-        ctx: &mut Ctx<'_, U, R>,
+        ctx: &mut Applier<'_, U, R>,
     ) -> Result<PathBuf, InstallError> {
         std::fs::create_dir_all(ctx.download_dir)
             .map_err(InstallError::io("creating", ctx.download_dir))?;
         let dest = ctx.download_dir.join("apt-signing-key");
         let key = format!("download:{}", dest.display());
         let idx = match ctx.lookup(&key) {
-            Lookup::New => Some(ctx.record(Change::Downloaded { path: dest.clone() })?),
-            Lookup::Pending(i, _) => Some(i),
-            Lookup::Done => None,
+            StepProgress::New => Some(ctx.record(Change::Downloaded { path: dest.clone() })?),
+            StepProgress::Pending(i, _) => Some(i),
+            StepProgress::Done => None,
         };
         download::download(&self.key_url, &dest, None).await?;
         if let Some(i) = idx {
@@ -190,17 +190,17 @@ impl PackageSteps {
             "gpg"
         };
         let keyring = PathBuf::from(format!("{APT_KEYRING_STEM}.{ext}"));
-        ctx.put(&keyring, Put::File(&dest, 0o644))?;
+        ctx.put(&keyring, Placement::File(&dest, 0o644))?;
         Ok(keyring)
     }
 
     /// Installs the packages not installed yet; returns the names it installed.
     async fn install<U: UnitManager, R: CommandRunner>(
         &self,
-        ctx: &mut Ctx<'_, U, R>,
+        ctx: &mut Applier<'_, U, R>,
     ) -> Result<Vec<String>, InstallError> {
         let (idx, requested, before) = match ctx.lookup("packages-install") {
-            Lookup::Done => {
+            StepProgress::Done => {
                 return Ok(
                     match ctx
                         .manifest
@@ -216,14 +216,14 @@ impl PackageSteps {
                     },
                 );
             }
-            Lookup::Pending(
+            StepProgress::Pending(
                 i,
                 Change::PackagesInstalled {
                     requested, before, ..
                 },
             ) => (i, requested, before),
-            Lookup::Pending(..) => return Ok(Vec::new()),
-            Lookup::New => {
+            StepProgress::Pending(..) => return Ok(Vec::new()),
+            StepProgress::New => {
                 let before = snapshot(&ctx.commands(), self.manager).await?;
                 let versions = versions_of(&before, self.manager);
                 let mut requested = Vec::new();
@@ -343,7 +343,7 @@ impl PackageSteps {
     /// and returns the directories they ship that are already on the host, as they are.
     async fn shipped_dirs_present<U: UnitManager, R: CommandRunner>(
         &self,
-        ctx: &mut Ctx<'_, U, R>,
+        ctx: &mut Applier<'_, U, R>,
         requested: &[String],
     ) -> Result<Vec<super::KeptDir>, InstallError> {
         use std::os::unix::fs::MetadataExt as _;
@@ -410,7 +410,7 @@ impl PackageSteps {
 }
 
 fn put_text<U: UnitManager, R: CommandRunner>(
-    ctx: &mut Ctx<'_, U, R>,
+    ctx: &mut Applier<'_, U, R>,
     host: &Path,
     text: &str,
 ) -> Result<(), InstallError> {
@@ -418,7 +418,7 @@ fn put_text<U: UnitManager, R: CommandRunner>(
         .map_err(InstallError::io("creating", ctx.download_dir))?;
     let p = ctx.download_dir.join(".text-content");
     std::fs::write(&p, text).map_err(InstallError::io("writing", &p))?;
-    let r = ctx.put(host, Put::File(&p, 0o644));
+    let r = ctx.put(host, Placement::File(&p, 0o644));
     let _ = std::fs::remove_file(&p);
     r
 }

@@ -2,7 +2,7 @@
 //! `resourceVersion`, retries on 409 Conflict, and keeping one host when two claims raced.
 
 use super::release::drop_claim;
-use super::{CONFLICT_RETRIES, MAX_PICKS, Names, host_key, now, provider_id};
+use super::{CONFLICT_RETRIES, MAX_PICKS, MachineRef, host_key, now, provider_id};
 use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
 use crate::selection::{self, Request};
@@ -16,12 +16,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The host claimed for this ByoMachine's UID: from the cache (lowest name if several), else
-/// a claim this process made that the cache does not show yet.
-pub(super) async fn find_claimed_host(
-    ctx: &Context,
-    n: &Names,
-) -> Result<Option<Arc<ByoHost>>, Error> {
+/// The cached ByoHosts of the ByoMachine's namespace that carry its UID in their claim, by
+/// name (normally one; more only after two controllers raced).
+pub(super) fn hosts_claimed_by(ctx: &Context, n: &MachineRef) -> Vec<Arc<ByoHost>> {
     let mut claimed: Vec<Arc<ByoHost>> = ctx
         .hosts
         .state()
@@ -32,7 +29,16 @@ pub(super) async fn find_claimed_host(
         })
         .collect();
     claimed.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    if let Some(h) = claimed.into_iter().next() {
+    claimed
+}
+
+/// The host claimed for this ByoMachine's UID: from the cache (lowest name if several), else
+/// a claim this process made that the cache does not show yet.
+pub(super) async fn find_claimed_host(
+    ctx: &Context,
+    n: &MachineRef,
+) -> Result<Option<Arc<ByoHost>>, Error> {
+    if let Some(h) = hosts_claimed_by(ctx, n).into_iter().next() {
         return Ok(Some(h));
     }
     let mut claims = ctx.claims();
@@ -53,7 +59,7 @@ enum Attempt {
 
 pub(super) async fn claim_host(
     ctx: &Arc<Context>,
-    n: &Names,
+    n: &MachineRef,
     req: &Request<'_>,
     claim: &HostClaim,
 ) -> Result<Claimed, Error> {
@@ -117,7 +123,7 @@ pub(super) async fn claim_host(
                 if ctx.settings.leader_elect {
                     return Ok(Claimed::Host(h));
                 }
-                return Ok(Claimed::Host(keep_one(ctx, &api, n, h).await?));
+                return Ok(Claimed::Host(resolve_double_claim(ctx, &api, n, h).await?));
             }
             Ok(Attempt::Lost) => {
                 ctx.claims().reserved.remove(&key);
@@ -188,10 +194,10 @@ async fn try_claim(
 
 /// After a claim: if more than one host carries this ByoMachine's UID (two controllers raced
 /// for the same ByoMachine), keep the lowest name and release the others. Returns the kept host.
-async fn keep_one(
+async fn resolve_double_claim(
     ctx: &Context,
     api: &Api<ByoHost>,
-    n: &Names,
+    n: &MachineRef,
     mine: Arc<ByoHost>,
 ) -> Result<Arc<ByoHost>, Error> {
     let selector = if n.name.len() <= 63 {

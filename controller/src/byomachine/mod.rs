@@ -134,13 +134,13 @@ pub fn update_host_gauges(ctx: &Context) {
     ctx.metrics.set_hosts(free, claimed, dirty);
 }
 
-struct Names {
+struct MachineRef {
     ns: String,
     name: String,
     uid: String,
 }
 
-fn names(bm: &ByoMachine) -> Result<Names, Error> {
+fn machine_ref(bm: &ByoMachine) -> Result<MachineRef, Error> {
     let name = bm.name_any();
     let ns = bm
         .namespace()
@@ -148,7 +148,7 @@ fn names(bm: &ByoMachine) -> Result<Names, Error> {
     let uid = bm
         .uid()
         .ok_or_else(|| Error::Invalid(format!("ByoMachine {ns}/{name} has no UID")))?;
-    Ok(Names { ns, name, uid })
+    Ok(MachineRef { ns, name, uid })
 }
 
 /// Reconciles one ByoMachine.
@@ -162,7 +162,7 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
     // skip the agent's graceful clean-up). Wait until both hold their first list.
     ctx.hosts_ready.wait().await;
     ctx.leases_ready.wait().await;
-    let n = names(&bm)?;
+    let n = machine_ref(&bm)?;
     let api: Api<ByoMachine> = Api::namespaced(ctx.client.clone(), &n.ns);
     let cluster_name = bm.labels().get(labels::CLUSTER_NAME).cloned();
     let machine_name = owner_machine(&bm);
@@ -177,7 +177,7 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
             .get(&ObjectRef::new_with(m, capi::machine_resource()).within(&n.ns))
     });
     let blocked = match (&cluster, &machine) {
-        (Some(c), Some(m)) => capi::cluster_paused(c) || gate(m, c).is_some(),
+        (Some(c), Some(m)) => capi::cluster_paused(c) || claim_blocker(m, c).is_some(),
         _ => true,
     };
     if blocked {
@@ -200,12 +200,10 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
         || cluster.as_deref().is_some_and(capi::cluster_paused);
     let generation = bm.meta().generation;
     let mut status = bm.status.clone().unwrap_or_default();
-    let changed = conditions::set_paused(
+    let changed = conditions::Marker::new(generation, Time(now())).mark_paused(
         &mut status.conditions,
         paused,
         "the Cluster or the ByoMachine is paused",
-        generation,
-        Time(now()),
     );
     if paused {
         if changed {
@@ -272,7 +270,7 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
 /// What a ByoMachine still waits for before it may claim a host: the Cluster's
 /// infrastructure, the bootstrap data, and (workers only) an initialized control plane.
 /// Returns the `Ready=False` reason and message.
-pub fn gate(machine: &Machine, cluster: &Cluster) -> Option<(&'static str, &'static str)> {
+pub fn claim_blocker(machine: &Machine, cluster: &Cluster) -> Option<(&'static str, &'static str)> {
     if !capi::infrastructure_provisioned(cluster) {
         return Some((
             reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
@@ -294,27 +292,16 @@ pub fn gate(machine: &Machine, cluster: &Cluster) -> Option<(&'static str, &'sta
     None
 }
 
-fn wait(status: &mut ByoMachineStatus, reason: &str, message: &str, generation: Option<i64>) {
-    let t = Time(now());
-    conditions::set(
-        &mut status.conditions,
-        types::READY,
-        false,
-        reason,
-        message,
-        generation,
-        t.clone(),
-    );
+fn mark_waiting(
+    status: &mut ByoMachineStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) {
+    let marker = conditions::Marker::new(generation, Time(now()));
+    marker.mark_false(&mut status.conditions, types::READY, reason, message);
     if status.host_ref.is_none() {
-        conditions::set(
-            &mut status.conditions,
-            types::HOST_CLAIMED,
-            false,
-            reason,
-            message,
-            generation,
-            t,
-        );
+        marker.mark_false(&mut status.conditions, types::HOST_CLAIMED, reason, message);
     }
 }
 

@@ -2,7 +2,10 @@
 //! providerID, addresses and readiness once it has bootstrapped.
 
 use super::claim::{Claimed, claim_host, find_claimed_host};
-use super::{WAIT_FOR_HOST_REQUEUE, apply_status, gate, machine_cached, names, now, wait};
+use super::{
+    WAIT_FOR_HOST_REQUEUE, apply_status, claim_blocker, machine_cached, machine_ref, mark_waiting,
+    now,
+};
 use crate::capi::{Cluster, Machine};
 use crate::context::Context;
 use crate::error::Error;
@@ -27,7 +30,7 @@ pub(super) async fn provision(
     cluster: &Cluster,
     mut status: ByoMachineStatus,
 ) -> Result<Action, Error> {
-    let n = names(bm)?;
+    let n = machine_ref(bm)?;
     let generation = bm.meta().generation;
     let cluster_name = cluster.name_any();
 
@@ -39,7 +42,7 @@ pub(super) async fn provision(
             let provisioned =
                 status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
             if provisioned {
-                wait(
+                mark_waiting(
                     &mut status,
                     reasons::HOST_DELETED,
                     &format!(
@@ -48,22 +51,19 @@ pub(super) async fn provision(
                     ),
                     generation,
                 );
-                conditions::set(
+                conditions::Marker::new(generation, Time(now())).mark_false(
                     &mut status.conditions,
                     types::HOST_CLAIMED,
-                    false,
                     reasons::HOST_DELETED,
                     "",
-                    generation,
-                    Time(now()),
                 );
                 apply_status(api, bm, &status).await?;
                 return Ok(Action::await_change());
             }
             status.host_ref = None;
         }
-        if let Some((reason, message)) = gate(machine, cluster) {
-            wait(&mut status, reason, message, generation);
+        if let Some((reason, message)) = claim_blocker(machine, cluster) {
+            mark_waiting(&mut status, reason, message, generation);
             apply_status(api, bm, &status).await?;
             return Ok(Action::await_change());
         }
@@ -121,7 +121,7 @@ pub(super) async fn provision(
                 host = Some(h);
             }
             Claimed::NoneEligible(why) => {
-                wait(
+                mark_waiting(
                     &mut status,
                     reasons::NO_HOST_AVAILABLE,
                     &format!("no free, live ByoHost fits: {why}"),
@@ -131,7 +131,7 @@ pub(super) async fn provision(
                 return Ok(Action::requeue(WAIT_FOR_HOST_REQUEUE));
             }
             Claimed::Contended => {
-                wait(
+                mark_waiting(
                     &mut status,
                     reasons::NO_HOST_AVAILABLE,
                     "every pick was taken by a concurrent claim; retrying",
@@ -148,34 +148,28 @@ pub(super) async fn provision(
         return Err(Error::Invalid("no host after claim".into()));
     };
     let host_name = host.name_any();
-    let t = Time(now());
+    let marker = conditions::Marker::new(generation, Time(now()));
     status.host_ref = Some(HostReference {
         name: host_name.clone(),
         uid: host.uid().unwrap_or_default(),
     });
     status.failure_domain = host.labels().get(labels::FAILURE_DOMAIN).cloned();
-    conditions::set(
+    marker.mark_true(
         &mut status.conditions,
         types::HOST_CLAIMED,
-        true,
         reasons::AS_EXPECTED,
         "",
-        generation,
-        t.clone(),
     );
 
     let hs = host.status.clone().unwrap_or_default();
     let bootstrapped = conditions::is_true(&hs.conditions, types::BOOTSTRAP_SUCCEEDED)
         && hs.observed_machine_uid.as_deref() == Some(n.uid.as_str());
     if !bootstrapped {
-        conditions::set(
+        marker.mark_false(
             &mut status.conditions,
             types::READY,
-            false,
             reasons::WAITING_FOR_BOOTSTRAP,
             &format!("waiting for ByoHost {host_name} to report BootstrapSucceeded"),
-            generation,
-            t,
         );
         apply_status(api, bm, &status).await?;
         return Ok(Action::await_change());
@@ -199,14 +193,11 @@ pub(super) async fn provision(
     status.initialization = Some(Initialization {
         provisioned: Some(true),
     });
-    conditions::set(
+    marker.mark_true(
         &mut status.conditions,
         types::READY,
-        true,
         reasons::AS_EXPECTED,
         "",
-        generation,
-        t,
     );
     apply_status(api, bm, &status).await?;
     Ok(Action::await_change())

@@ -2,7 +2,7 @@
 //! once (host offline, timeout, forced) and mark the host `needsCleanup`.
 
 use super::claim::find_claimed_host;
-use super::{Names, now, owner_machine_ref};
+use super::{MachineRef, now, owner_machine_ref};
 use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
 use crate::selection;
@@ -14,7 +14,6 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Drops the claim of `machine_uid` from `host` (and its labels and release annotation),
@@ -75,7 +74,7 @@ pub(super) async fn drop_claim(
 pub(super) async fn release(
     ctx: &Context,
     bm: &ByoMachine,
-    n: &Names,
+    n: &MachineRef,
     status: &mut ByoMachineStatus,
 ) -> Result<Option<Action>, Error> {
     let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &n.ns);
@@ -96,16 +95,7 @@ pub(super) async fn release(
         Some(h) if h.claimed_by() == Some(n.uid.as_str()) => h,
         _ => {
             // Maybe the claim sits on another host (a crash before the status write).
-            let others: Vec<Arc<ByoHost>> = ctx
-                .hosts
-                .state()
-                .into_iter()
-                .filter(|h| {
-                    h.namespace().as_deref() == Some(n.ns.as_str())
-                        && h.claimed_by() == Some(n.uid.as_str())
-                })
-                .collect();
-            for h in others {
+            for h in super::claim::hosts_claimed_by(ctx, n) {
                 drop_claim(
                     &api,
                     (*h).clone(),
@@ -185,14 +175,11 @@ pub(super) async fn release(
             }
         }
     }
-    conditions::set(
+    conditions::Marker::new(generation, Time(t)).mark_false(
         &mut status.conditions,
         types::READY,
-        false,
         reasons::RELEASING,
         &format!("waiting for the agent on ByoHost {host_name} to reset the host"),
-        generation,
-        Time(t),
     );
     // Wake up when the Lease would expire or the timeout passes, whichever is first; agent
     // progress arrives as host events.

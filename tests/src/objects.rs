@@ -1,7 +1,10 @@
-//! Shared set-up of the controller tests: the controller run in-process, and objects shaped as
-//! CAPI v1beta2 and the agent write them (created with the admin client).
+//! Objects for controller tests, shaped as CAPI v1beta2 and the agent write them (created with
+//! the admin client), and the controller run in-process on a tokio task.
 
-#![allow(dead_code)] // each test binary uses a different part
+#![allow(
+    clippy::unwrap_used,
+    reason = "test fixtures: a failed call fails the test that made it, with the error in the panic"
+)]
 
 use byoh_api::byohost::ByoHostStatus;
 use byoh_api::common::MachineAddress;
@@ -68,7 +71,7 @@ impl Drop for Running {
 /// namespace.
 pub async fn finish(
     client: &Client,
-    ns: byoh_tests::control_plane::TestNamespace,
+    ns: crate::control_plane::TestNamespace,
     controllers: Vec<Running>,
 ) {
     for c in controllers {
@@ -446,24 +449,7 @@ pub fn bm_condition(bm: &ByoMachine, type_: &str) -> Option<(String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
-/// Polls every 100 ms until `f` returns `Some`, panicking after `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub use crate::eventually;
 
 /// The ByoMachine, or `None` once it is gone.
 pub async fn get_bm(client: &Client, ns: &str, name: &str) -> Option<ByoMachine> {

@@ -1,18 +1,21 @@
-//! Shared by the `security_*` and `manifests_*` tests: installing the generated
-//! `infrastructure-components.yaml` (with clusterctl-like `${VAR:=default}` substitution), and
-//! clients acting as the controller's ServiceAccount, a host, or a bootstrap token.
+//! What the security, manifests and end-to-end tests act as: the generated
+//! `infrastructure-components.yaml` installed (with clusterctl-like `${VAR:=default}`
+//! substitution), and clients acting as the controller's ServiceAccount, a host, a bootstrap
+//! token, a client certificate or an impersonated user.
 
-#![allow(dead_code)] // each test binary uses a different part
+#![allow(
+    clippy::unwrap_used,
+    reason = "test fixtures: a failed call fails the test that made it, with the error in the panic"
+)]
 
+use crate::control_plane;
 use anyhow::Context as _;
-use byoh_tests::control_plane;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, Config};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// User name of the controller's ServiceAccount as installed by the components.
 pub const CONTROLLER_SA: &str = "system:serviceaccount:byoh-system:byoh-controller-manager";
@@ -115,24 +118,7 @@ pub async fn install_components(client: &Client) -> anyhow::Result<()> {
     apply_yaml(client, &components_text()?, false).await
 }
 
-/// Polls `f` every 300 ms until it yields `Some`, failing after `timeout` with `what`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
+pub use crate::eventually;
 
 /// A client of the test control plane that impersonates `user` in `groups` (the admin
 /// kubeconfig may impersonate anyone).
