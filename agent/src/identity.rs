@@ -294,7 +294,7 @@ pub async fn ensure(
         if valid {
             return client_from(kc, &paths.kubeconfig).await;
         }
-        tracing::warn!(path = %paths.kubeconfig.display(), "host certificate expired or unreadable; bootstrapping a new one");
+        tracing::warn!(path = %paths.kubeconfig.display(), "host certificate in {} expired or unreadable; bootstrapping a new one", paths.kubeconfig.display());
     }
     let bootstrap_kc = read_credential(
         bootstrap,
@@ -355,7 +355,7 @@ async fn request_certificate(
     };
     let pending = match pending {
         Some(p) => {
-            tracing::info!(csr = %p.csr_name, "resuming the wait for a pending certificate signing request");
+            tracing::info!(csr = %p.csr_name, "resuming the wait for certificate signing request {}", p.csr_name);
             p
         }
         None => {
@@ -390,7 +390,9 @@ async fn request_certificate(
         status: None,
     };
     match csrs.create(&PostParams::default(), &csr).await {
-        Ok(_) => tracing::info!(csr = %pending.csr_name, "submitted certificate signing request"),
+        Ok(_) => {
+            tracing::info!(csr = %pending.csr_name, "submitted certificate signing request {}", pending.csr_name)
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(source) => {
             return Err(IdentityError::Api {
@@ -457,7 +459,7 @@ async fn request_certificate(
     fsutil::write_atomic(&paths.kubeconfig, yaml.as_bytes(), 0o600)
         .map_err(io(&paths.kubeconfig))?;
     let _ = std::fs::remove_file(&paths.pending);
-    tracing::info!(csr = %pending.csr_name, path = %paths.kubeconfig.display(), "host certificate issued and stored");
+    tracing::info!(csr = %pending.csr_name, path = %paths.kubeconfig.display(), "host certificate issued (certificate signing request {}) and stored in {}", pending.csr_name, paths.kubeconfig.display());
     client_from(kc, &paths.kubeconfig).await
 }
 

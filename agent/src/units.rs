@@ -2,10 +2,16 @@
 //! `KubeletActive` and `ContainerdActive` (field manager [`FIELD_MANAGER`]), as they change:
 //! systemd's PropertiesChanged signals on the units' `ActiveState`/`SubState` drive it, so a
 //! killed kubelet shows within a second or two.
+//!
+//! The kubelet runs only while a claim makes the host a node: on a host without a claim (or
+//! whose release is requested) an inactive or missing `kubelet.service` is the normal state and
+//! is reported `False` with the neutral reason `WaitingForClaim`, never `UnitInactive`, which
+//! means a unit that should run does not (or a unit that failed, claimed or not).
 
 use crate::host::{ConditionUpdate, HostApiError, HostHandle};
 use crate::systemd::UnitState;
 use crate::systemd::dbus::SystemdManager;
+use byoh_api::ByoHost;
 use byoh_api::conditions::{reasons, types};
 use futures::StreamExt;
 use std::time::Duration;
@@ -22,28 +28,45 @@ pub const REPORTED_UNITS: &[(&str, &str)] = &[
     (CONTAINERD_UNIT, types::CONTAINERD_ACTIVE),
 ];
 
-/// The condition for a unit state: `True`/`AsExpected` when active, else `False`/`UnitInactive`
-/// with the state in the message.
-pub fn condition_for(unit: &str, state: &UnitState) -> (bool, &'static str, String) {
+/// Whether `unit` is expected to run only while the host is claimed (the kubelet).
+fn needs_claim(unit: &str) -> bool {
+    unit == KUBELET_UNIT
+}
+
+/// The condition for a unit state: `True`/`AsExpected` when active; `False`/`WaitingForClaim`
+/// for a kubelet that is inactive or missing on a host that is not `claimed` (its normal
+/// state); else `False`/`UnitInactive`. The message gives the state.
+pub fn condition_for(unit: &str, state: &UnitState, claimed: bool) -> (bool, &'static str, String) {
+    let described = format!("{unit} is {}", state.describe());
     if state.is_active() {
-        (
-            true,
-            reasons::AS_EXPECTED,
-            format!("{unit} is {}", state.describe()),
-        )
-    } else {
+        (true, reasons::AS_EXPECTED, described)
+    } else if needs_claim(unit) && !claimed && state.active_state != "failed" {
         (
             false,
-            reasons::UNIT_INACTIVE,
-            format!("{unit} is {}", state.describe()),
+            reasons::WAITING_FOR_CLAIM,
+            format!("{described}; it runs only while a claim makes the host a node"),
         )
+    } else {
+        (false, reasons::UNIT_INACTIVE, described)
     }
 }
 
-/// Watches the reported units and applies their conditions on every change, until aborted.
-/// Reconnects (after 5 s) when the watch or the API fails.
-pub async fn report_loop(host: HostHandle, systemd: SystemdManager) {
+/// Whether `host` has a claim that is not being released (the kubelet is expected to run).
+pub fn claimed(host: Option<&ByoHost>) -> bool {
+    host.and_then(|h| h.spec.claim.as_ref())
+        .is_some_and(|c| !c.release_requested)
+}
+
+/// Watches the reported units and applies their conditions on every change of a unit and on
+/// every change of whether the host is [`claimed`] (`seen` carries the agent's ByoHost as its
+/// watch sees it), until aborted. Reconnects (after 5 s) when the watch or the API fails.
+pub async fn report_loop(
+    host: HostHandle,
+    systemd: SystemdManager,
+    mut seen: tokio::sync::watch::Receiver<Option<ByoHost>>,
+) {
     let mut last: Vec<Option<UnitState>> = vec![None; REPORTED_UNITS.len()];
+    let mut is_claimed = claimed(seen.borrow_and_update().as_ref());
     loop {
         let mut streams = Vec::new();
         for (i, (unit, _)) in REPORTED_UNITS.iter().enumerate() {
@@ -53,17 +76,32 @@ pub async fn report_loop(host: HostHandle, systemd: SystemdManager) {
             }
         }
         let mut all = futures::stream::select_all(streams);
-        while let Some((i, state)) = all.next().await {
-            if last[i].as_ref() == Some(&state) {
-                continue;
+        loop {
+            tokio::select! {
+                next = all.next() => {
+                    let Some((i, state)) = next else { break };
+                    if last[i].as_ref() == Some(&state) {
+                        continue;
+                    }
+                    let unit = REPORTED_UNITS[i].0;
+                    tracing::info!(unit, "{unit} is now {}", state.describe());
+                    last[i] = Some(state);
+                }
+                changed = seen.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let now = claimed(seen.borrow_and_update().as_ref());
+                    if now == is_claimed {
+                        continue;
+                    }
+                    is_claimed = now;
+                }
             }
-            let (unit, ctype) = REPORTED_UNITS[i];
-            tracing::info!(unit, "{unit} is now {}", state.describe());
-            last[i] = Some(state);
             // Retry until reported (the API server may be away); later changes wait meanwhile
             // and are folded in, since `last` always holds the newest states.
             let mut delay = Duration::from_secs(1);
-            while let Err(e) = apply(&host, &last).await {
+            while let Err(e) = apply(&host, &last, is_claimed).await {
                 tracing::warn!(
                     "reporting unit conditions failed: {}; retrying in {}s",
                     e,
@@ -72,13 +110,17 @@ pub async fn report_loop(host: HostHandle, systemd: SystemdManager) {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
-            tracing::debug!(condition = ctype, "unit condition reported");
+            tracing::debug!("unit conditions reported");
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
 
-async fn apply(host: &HostHandle, states: &[Option<UnitState>]) -> Result<(), HostApiError> {
+async fn apply(
+    host: &HostHandle,
+    states: &[Option<UnitState>],
+    claimed: bool,
+) -> Result<(), HostApiError> {
     let owned: Vec<&str> = REPORTED_UNITS.iter().map(|(_, t)| *t).collect();
     let reported: Vec<(&str, (bool, &str, String))> = REPORTED_UNITS
         .iter()
@@ -86,7 +128,7 @@ async fn apply(host: &HostHandle, states: &[Option<UnitState>]) -> Result<(), Ho
         .filter_map(|((unit, ctype), state)| {
             state
                 .as_ref()
-                .map(|state| (*ctype, condition_for(unit, state)))
+                .map(|state| (*ctype, condition_for(unit, state, claimed)))
         })
         .collect();
     let updates: Vec<ConditionUpdate> = reported
@@ -108,20 +150,37 @@ mod tests {
             active_state: a.into(),
             sub_state: sub.into(),
         };
-        assert_eq!(
-            condition_for("kubelet.service", &s("loaded", "active", "running")),
-            (
-                true,
-                "AsExpected",
-                "kubelet.service is active (running)".into()
-            )
-        );
-        assert!(!condition_for("kubelet.service", &s("loaded", "failed", "failed")).0);
-        let (ok, reason, msg) =
-            condition_for("kubelet.service", &s("not-found", "inactive", "dead"));
+        for claimed in [true, false] {
+            assert_eq!(
+                condition_for(
+                    "kubelet.service",
+                    &s("loaded", "active", "running"),
+                    claimed
+                ),
+                (
+                    true,
+                    "AsExpected",
+                    "kubelet.service is active (running)".into()
+                )
+            );
+            // A failed unit is a fault, claimed or not.
+            let (ok, reason, _) =
+                condition_for("kubelet.service", &s("loaded", "failed", "failed"), claimed);
+            assert!(!ok && reason == "UnitInactive");
+        }
+        let missing = s("not-found", "inactive", "dead");
+        let (ok, reason, msg) = condition_for("kubelet.service", &missing, true);
         assert!(
             !ok && reason == "UnitInactive" && msg.contains("not-found"),
             "{msg}"
         );
+        // Without a claim a missing kubelet is the normal state; containerd is needed anyway.
+        let (ok, reason, msg) = condition_for("kubelet.service", &missing, false);
+        assert!(
+            !ok && reason == "WaitingForClaim" && msg.contains("not-found"),
+            "{msg}"
+        );
+        let (_, reason, _) = condition_for("containerd.service", &missing, false);
+        assert_eq!(reason, "UnitInactive");
     }
 }

@@ -185,8 +185,14 @@ pub mod reasons {
     pub const RELEASE_TIMED_OUT: &str = "ReleaseTimedOut";
     /// NeedsCleanup / release: the force-release annotation was set.
     pub const FORCED_RELEASE: &str = "ForcedRelease";
-    /// ByoHost: waiting for a claim.
+    /// ByoHost: waiting for a claim (`Ready=True`); on the conditions whose subject exists only
+    /// during a claim (`BootstrapSucceeded`, `K8sComponentsInstalled`, `KubeletActive` when the
+    /// kubelet is not running) the neutral `False` of a free host.
     pub const WAITING_FOR_CLAIM: &str = "WaitingForClaim";
+    /// ByoHost (`K8sComponentsInstalled=False`): the claim names no K8sInstallerConfig (or
+    /// `[host] skip_installation` is set), so the agent installs nothing; the components are
+    /// expected on the host.
+    pub const NOT_REQUESTED: &str = "NotRequested";
     /// ByoHost: bootstrap data was refused (unsupported module, bad encoding, ignition, ...).
     pub const BOOTSTRAP_DATA_INVALID: &str = "BootstrapDataInvalid";
     /// ByoHost: a bootstrap step failed (message names the step, exit status, stderr tail).
@@ -238,6 +244,7 @@ pub mod reasons {
         RELEASE_TIMED_OUT,
         FORCED_RELEASE,
         WAITING_FOR_CLAIM,
+        NOT_REQUESTED,
         BOOTSTRAP_DATA_INVALID,
         BOOTSTRAP_FAILED,
         INSTALLATION_FAILED,

@@ -383,6 +383,39 @@ pub async fn register(
     .await
 }
 
+/// [`register`] with the test control plane's admin kubeconfig and no extra configuration;
+/// the ByoHost API of `namespace`.
+///
+/// Errors as [`register`], or when the test control plane's kubeconfig is not set.
+pub async fn register_in(
+    client: &kube::Client,
+    namespace: &str,
+    host: &Host,
+) -> anyhow::Result<Api<byoh_api::ByoHost>> {
+    let kubeconfig = crate::control_plane::kubeconfig_path()
+        .context("the test control plane's kubeconfig is not set")?;
+    register(client, &kubeconfig, namespace, host, "").await?;
+    Ok(Api::namespaced(client.clone(), namespace))
+}
+
+/// Waits until ByoHost `name` of `hosts` reports `status.phase` `phase`; returns it.
+///
+/// Errors after `timeout`.
+pub async fn wait_phase(
+    hosts: &Api<byoh_api::ByoHost>,
+    name: &str,
+    phase: &str,
+    timeout: Duration,
+) -> anyhow::Result<byoh_api::ByoHost> {
+    wait_for(&format!("phase {phase}"), timeout, || async {
+        Ok(hosts
+            .get_opt(name)
+            .await?
+            .filter(|h| h.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase)))
+    })
+    .await
+}
+
 /// Writes a claim on ByoHost `namespace/name` as the controller would (admin client, merge
 /// patch of `spec.claim`), for ByoMachine `machine` with `uid`, bootstrap Secret `secret`.
 ///

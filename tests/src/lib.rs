@@ -14,6 +14,7 @@
 //! - [`failpoint`]: the agent killed at a step boundary (its failpoint, then SIGKILL).
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
+//! - [`tarball`]: stand-in Kubernetes binaries served as an installer `tarball` source.
 //! - [`objects`]: CAPI and BYOH objects for controller tests, the controller run in-process.
 //! - [`access`]: the generated components installed; clients as the controller, a host, a
 //!   token, a certificate or an impersonated user.
@@ -42,6 +43,7 @@ pub mod packages_claim;
 pub mod phases;
 pub mod pool;
 pub mod rpm_repo;
+pub mod tarball;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead
 /// of skipping them.

@@ -217,7 +217,7 @@ async fn a_clone_of_a_registered_host_refuses_to_act_and_the_original_keeps_work
             .await
             .unwrap()
             .iter()
-            .any(|m| m.contains("registered; ready") || m.contains("recording this host")),
+            .any(|m| m.contains("registered as ByoHost") || m.contains("recording this host")),
         "the clone must not have registered"
     );
 

@@ -384,7 +384,7 @@ async fn case10_cabpk_worker_join() {
     // The agent's own log lines reached the journal, with the path and mode as fields ...
     host.wait_for_journal(
         "byoh-cc-join",
-        "write_files: wrote file",
+        "write_files[1]: wrote /run/kubeadm/kubeadm-join-config.yaml",
         Duration::from_secs(10),
     )
     .await
@@ -394,7 +394,10 @@ async fn case10_cabpk_worker_join() {
         .iter()
         .find(|e| e["PATH"] == join)
         .unwrap_or_else(|| panic!("no journal entry with PATH={join}: {entries:#?}"));
-    assert_eq!(wrote["MESSAGE"], "write_files: wrote file");
+    assert_eq!(
+        wrote["MESSAGE"],
+        "write_files[1]: wrote /run/kubeadm/kubeadm-join-config.yaml"
+    );
     assert_eq!(wrote["MODE"], "0640");
     assert_eq!(wrote["INDEX"], "1");
     // ... and the bootstrap token appears nowhere in it.

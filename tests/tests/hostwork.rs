@@ -7,15 +7,13 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_api::ByoHost;
-use byoh_api::K8sInstallerConfig;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint};
 use byoh_tests::hosts::{self, Host};
-use byoh_tests::http::FileServer;
+use byoh_tests::tarball;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
-use kube::api::PostParams;
 use std::time::Duration;
 
 /// A stand-in `kubeadm`: records each call in /run/byoh-test-kubeadm.log; `join` fails when
@@ -37,15 +35,9 @@ async fn status_of(hosts: &Api<ByoHost>, name: &str) -> byoh_api::ByoHostStatus 
 }
 
 async fn wait_phase(hosts: &Api<ByoHost>, name: &str, phase: &str, secs: u64) -> ByoHost {
-    let what = format!("phase {phase}");
-    wait_for(&what, Duration::from_secs(secs), || async {
-        Ok(hosts
-            .get_opt(name)
-            .await?
-            .filter(|h| h.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase)))
-    })
-    .await
-    .unwrap()
+    agent::wait_phase(hosts, name, phase, Duration::from_secs(secs))
+        .await
+        .unwrap()
 }
 
 async fn wait_cleaned(hosts: &Api<ByoHost>, name: &str, uid: &str) {
@@ -172,7 +164,10 @@ async fn claim_bootstraps_cabpk_data_and_release_restores_the_host() {
         .await
         .unwrap()
         .join("\n");
-    assert!(agent_log.contains("bootstrap succeeded"), "{agent_log}");
+    assert!(
+        agent_log.contains("bootstrap for ByoMachine m1 succeeded"),
+        "{agent_log}"
+    );
 
     // Release: reset, remove what bootstrap wrote, report; then the controller drops the claim.
     agent::request_release(&client, ns.name(), &name)
@@ -323,66 +318,10 @@ const COUNTING: &str = "#cloud-config\nwrite_files:\n- path: /etc/byoh-test/kill
 /// counting its runs, a user with a sudo rule and a key, and a tmpfs mount.
 const KILL_DATA: &str = "#cloud-config\nbootcmd:\n- echo boot >> /run/byoh-boot-count\nusers:\n- name: killuser\n  sudo: ALL=(ALL) NOPASSWD:ALL\n  ssh_authorized_keys:\n  - ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKILL kill@example\nmounts:\n- [tmpfs, /var/lib/byoh-kill, tmpfs, size=1m]\nwrite_files:\n- path: /etc/byoh-test/kill/a.conf\n  content: \"a\\n\"\n- path: /etc/byoh-test/kill/log\n  append: true\n  content: \"appended\\n\"\nruncmd:\n- cd /run && export BYOH_THIRD=three && echo one >> byoh-count\n- [ \"/usr/local/bin/kubeadm\", \"join\", \"--config\", \"/etc/byoh-test/kill/a.conf\" ]\n- echo \"$BYOH_THIRD\" >> byoh-count\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
 
-/// The tarball source's stand-ins: a kubeadm that records each call (as [`FAKE_KUBEADM`]), a
-/// kubelet that records each start and then runs, a kubectl.
-const TARBALL_KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log\nif [ \"$1\" = version ]; then echo v1.36.3; fi\nif [ \"$1\" = join ] && [ -e /etc/byoh-test-kubeadm-fail ]; then echo 'join failed' >&2; exit 1; fi\nexit 0\n";
-const TARBALL_KUBELET: &str = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Kubernetes v1.36.3'; exit 0; fi\necho \"$*\" >> /run/byoh-test-kubelet.starts\nexec sleep infinity\n";
-const TARBALL_KUBECTL: &str = "#!/bin/sh\necho 'Client Version: v1.36.3'\n";
-const TARBALL_PATHS: [&str; 3] = ["/kubeadm", "/kubelet", "/kubectl"];
-
-async fn tarball_server() -> FileServer {
-    FileServer::start(vec![
-        ("/kubeadm".into(), TARBALL_KUBEADM.as_bytes().to_vec()),
-        ("/kubelet".into(), TARBALL_KUBELET.as_bytes().to_vec()),
-        ("/kubectl".into(), TARBALL_KUBECTL.as_bytes().to_vec()),
-    ])
-    .await
-    .unwrap()
-}
-
-/// Creates K8sInstallerConfig `name` with a `tarball` source on `server`; `kubelet_sha256`
-/// overrides the kubelet's (right) sha256.
-async fn tarball_config(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    server: &FileServer,
-    kubelet_sha256: Option<&str>,
-) {
-    let sha = |b: &str| byoh_tests::http::sha256(b.as_bytes()).unwrap();
-    let base = server.base();
-    let config: K8sInstallerConfig = serde_json::from_value(serde_json::json!({
-        "apiVersion": byoh_api::API_VERSION,
-        "kind": "K8sInstallerConfig",
-        "metadata": { "name": name, "namespace": ns },
-        "spec": { "tarball": {
-            "kubeadm": { "url": format!("{base}/kubeadm"), "sha256": sha(TARBALL_KUBEADM) },
-            "kubelet": {
-                "url": format!("{base}/kubelet?token=s3cr3t"),
-                "sha256": kubelet_sha256.map_or_else(|| sha(TARBALL_KUBELET), str::to_string),
-            },
-            "kubectl": { "url": format!("{base}/kubectl"), "sha256": sha(TARBALL_KUBECTL) },
-        }},
-    }))
-    .unwrap();
-    Api::<K8sInstallerConfig>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &config)
-        .await
-        .unwrap();
-}
 
 /// Registers `host` (a fresh boot) in `ns`; the ByoHost API.
 async fn register_in(client: &kube::Client, ns: &str, host: &Host) -> Api<ByoHost> {
-    agent::register(
-        client,
-        &control_plane::kubeconfig_path().unwrap(),
-        ns,
-        host,
-        "",
-    )
-    .await
-    .unwrap();
-    Api::namespaced(client.clone(), ns)
+    agent::register_in(client, ns, host).await.unwrap()
 }
 
 /// Lines of the kubeadm stand-in's log that are steps (`join`, `reset`), not version queries.
@@ -402,7 +341,7 @@ struct KillHost {
     ns: String,
     host: Host,
     hosts: Api<ByoHost>,
-    server: FileServer,
+    server: byoh_tests::http::FileServer,
     config: String,
     /// [`agent::snapshot`] before the first claim.
     before: String,
@@ -480,7 +419,7 @@ async fn kill_cycle(
         "{what}: mount and user"
     );
     // The install ran once: one download of each artifact per round, one kubelet start.
-    for p in TARBALL_PATHS {
+    for p in tarball::PATHS {
         assert_eq!(server.hits(p), round, "{what}: downloads of {p}");
     }
     assert_eq!(
@@ -602,9 +541,11 @@ async fn killed_at_every_step_boundary_the_host_converges_without_repeating_a_st
             .filter(|(i, _)| i % KILL_HOSTS == h)
             .collect();
         // Each host downloads from a server of its own, so downloads count per host.
-        let server = tarball_server().await;
+        let server = tarball::server().await.unwrap();
         let config = format!("kill-tarball-{h}");
-        tarball_config(&client, ns.name(), &config, &server, None).await;
+        tarball::create_config(&client, ns.name(), &config, &server, None)
+            .await
+            .unwrap();
         // The failpoint drop-ins go here; the directory stays between cycles.
         host.run(&["mkdir", "-p", "/etc/systemd/system/byoh-agent.service.d"])
             .await
@@ -815,10 +756,14 @@ async fn tarball_install_through_a_claim_bootstraps_and_the_release_reverts_ever
     let host = Host::boot("hostwork-tarball").await.unwrap();
     let name = host.name().to_string();
     let hosts = register_in(&client, ns.name(), &host).await;
-    let server = tarball_server().await;
-    tarball_config(&client, ns.name(), "good", &server, None).await;
+    let server = tarball::server().await.unwrap();
+    tarball::create_config(&client, ns.name(), "good", &server, None)
+        .await
+        .unwrap();
     let wrong = byoh_tests::http::sha256(b"not the kubelet").unwrap();
-    tarball_config(&client, ns.name(), "bad", &server, Some(&wrong)).await;
+    tarball::create_config(&client, ns.name(), "bad", &server, Some(&wrong))
+        .await
+        .unwrap();
     agent::create_bootstrap_secret(&client, ns.name(), "data", COUNTING)
         .await
         .unwrap();

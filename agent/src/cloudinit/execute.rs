@@ -68,7 +68,7 @@ pub enum ExecError {
     },
 }
 
-fn exit_text(e: Exit) -> String {
+pub(super) fn exit_text(e: Exit) -> String {
     match e {
         Exit::Code(0) => {
             "ended the runcmd shell (exit or exec) before the items after it ran".into()
@@ -200,7 +200,7 @@ pub async fn run_boot_command(
             tail_text(&tail)
         )));
     }
-    tracing::info!(index = c.index, "bootcmd: item succeeded");
+    tracing::info!(index = c.index, "bootcmd[{}] succeeded", c.index);
     Ok(())
 }
 
@@ -276,7 +276,9 @@ pub async fn execute(
             append = f.append,
             defer = f.defer,
             bytes = f.content.len(),
-            "write_files: wrote file"
+            "write_files[{}]: wrote {}",
+            f.index,
+            f.path.display()
         );
         report.files_written.push(f.path.clone());
     }

@@ -83,7 +83,7 @@ pub async fn run_tool(
     }
     let tail = stderr_tail(&outcome.stderr);
     Err(format!(
-        "{program} failed ({:?}){}",
+        "{program} failed ({}){}",
         outcome.exit,
         if tail.is_empty() {
             String::new()

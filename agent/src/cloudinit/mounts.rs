@@ -207,7 +207,7 @@ pub async fn apply(
     }
     let host_mp = crate::fsutil::under(root, &m.mountpoint);
     if is_mounted(&host_mp) {
-        tracing::info!(index = m.index, mountpoint = %m.mountpoint.display(), "mounts: already mounted");
+        tracing::info!(index = m.index, mountpoint = %m.mountpoint.display(), "mounts[{}]: {} is already mounted", m.index, m.mountpoint.display());
         return Ok(());
     }
     let mut created = Vec::new();
@@ -228,7 +228,7 @@ pub async fn apply(
         timeout,
     )
     .await?;
-    tracing::info!(index = m.index, mountpoint = %m.mountpoint.display(), "mounts: mounted");
+    tracing::info!(index = m.index, mountpoint = %m.mountpoint.display(), "mounts[{}]: mounted {}", m.index, m.mountpoint.display());
     Ok(())
 }
 

@@ -246,7 +246,10 @@ pub async fn apply(
         client = n.client.name(),
         servers = n.servers.len(),
         pools = n.pools.len(),
-        "ntp: configured"
+        "ntp: configured {} with {} servers and {} pools",
+        n.client.name(),
+        n.servers.len(),
+        n.pools.len()
     );
     Ok(())
 }

@@ -28,6 +28,17 @@ impl Exit {
     }
 }
 
+/// `exit status N`, `killed by signal N` or `timed out`, for log lines and messages.
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit status {c}"),
+            Exit::Signal(s) => write!(f, "killed by signal {s}"),
+            Exit::TimedOut => f.write_str("timed out"),
+        }
+    }
+}
+
 /// What running one command gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommandOutcome {

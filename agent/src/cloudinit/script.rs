@@ -180,7 +180,9 @@ pub async fn run_batch(
         first,
         items = commands.len(),
         resume,
-        "runcmd: running the items in one shell"
+        "runcmd: running items {first}..{} in one shell{}",
+        first + commands.len().saturating_sub(1),
+        if resume { " (resuming)" } else { "" }
     );
     let n = u32::try_from(commands.len()).unwrap_or(u32::MAX).max(1);
     let run = runner
@@ -235,10 +237,15 @@ pub async fn run_batch(
             if exit.success() {
                 tracing::warn!(
                     index,
-                    "runcmd: the item ended the shell before the others ran"
+                    "runcmd[{index}] ended the shell before the items after it ran"
                 );
             } else {
-                tracing::warn!(index, exit = ?exit, "runcmd: item failed");
+                tracing::warn!(
+                    index,
+                    exit = ?exit,
+                    "runcmd[{index}] failed: {}",
+                    super::execute::exit_text(exit)
+                );
             }
             Err(ExecError::Command {
                 index,
@@ -248,7 +255,7 @@ pub async fn run_batch(
         }
     };
     for i in &done {
-        tracing::info!(index = i, "runcmd: item succeeded");
+        tracing::info!(index = i, "runcmd[{i}] succeeded");
     }
     BatchOutcome { done, result }
 }

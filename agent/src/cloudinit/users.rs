@@ -421,7 +421,7 @@ pub async fn apply(
             .await?;
         }
     } else {
-        tracing::info!(user = %u.name, "users: the user exists; its account is left as it is");
+        tracing::info!(user = %u.name, "users: {} exists; its account is left as it is", u.name);
     }
     let acct = account(&u.name, root)
         .ok_or_else(|| format!("user {} does not exist after useradd", u.name))?;
@@ -483,7 +483,11 @@ pub async fn apply(
         user = %u.name,
         sudo = !u.sudo.is_empty(),
         keys = u.ssh_authorized_keys.len(),
-        "users: done"
+        "users[{}]: {} is set up ({} sudo rules, {} authorized keys)",
+        u.index,
+        u.name,
+        u.sudo.len(),
+        u.ssh_authorized_keys.len()
     );
     Ok(())
 }

@@ -234,7 +234,7 @@ async fn serve(
     };
     if first {
         notify::ready(&available);
-        tracing::info!(byoh_phase = phase::AVAILABLE, namespace = %settings.namespace, "registered; ready");
+        tracing::info!(byoh_phase = phase::AVAILABLE, namespace = %settings.namespace, "registered as ByoHost {}/{name}; ready", settings.namespace);
     } else {
         notify::status(&available);
     }
@@ -261,7 +261,11 @@ async fn serve(
         metrics.clone(),
         events.clone(),
     ));
-    let units_task = tokio::spawn(crate::units::report_loop(host.clone(), systemd.clone()));
+    let units_task = tokio::spawn(crate::units::report_loop(
+        host.clone(),
+        systemd.clone(),
+        host_tx.subscribe(),
+    ));
     let preflight_task = tokio::spawn(preflight::preflight_loop(
         settings.clone(),
         host.clone(),

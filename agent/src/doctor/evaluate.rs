@@ -100,7 +100,7 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
         check(
             "kernel-modules",
             Severity::Pass,
-            format!("{} loaded", MODULES.join(", ")),
+            format!("{} loaded or built in", MODULES.join(", ")),
             "",
         )
     } else {
@@ -110,7 +110,13 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
             format!(
                 "not loaded: {}{}",
                 i.missing_modules.join(", "),
-                repair_note(pre)
+                match (&i.modules_blocked, i.installed) {
+                    (Some(why), _) => format!(" ({why})"),
+                    (None, true) => format!(
+                        " although the install listed them in {MODULES_FILE} and restarted systemd-modules-load (see journalctl -u systemd-modules-load)"
+                    ),
+                    (None, false) => repair_note(pre).to_string(),
+                }
             ),
             &format!(
                 "modprobe -a {0}; and load them at boot: printf '%s\\n' {0} > /etc/modules-load.d/k8s.conf",
@@ -134,12 +140,31 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
         let found = i
             .wrong_sysctls
             .iter()
-            .map(|(k, v)| match v {
-                Some(v) => format!("{k}={v}"),
-                None => format!("{k} absent (module br_netfilter not loaded?)"),
+            .map(|(k, v)| {
+                let found = match v {
+                    Some(v) => format!("{k}={v}"),
+                    None => format!("{k} absent"),
+                };
+                match i.sysctls_blocked.iter().find(|(b, _)| b == k) {
+                    Some((_, why)) => format!("{found} ({why})"),
+                    None => found,
+                }
             })
             .collect::<Vec<_>>()
             .join(", ");
+        let all_blocked = i
+            .wrong_sysctls
+            .iter()
+            .all(|(k, _)| i.sysctls_blocked.iter().any(|(b, _)| b == k));
+        let note = if all_blocked {
+            String::new()
+        } else if i.installed {
+            format!(
+                " although the install set them in {SYSCTL_FILE} and restarted systemd-sysctl (see journalctl -u systemd-sysctl)"
+            )
+        } else {
+            repair_note(pre).to_string()
+        };
         let set = i
             .wrong_sysctls
             .iter()
@@ -151,7 +176,7 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
         check(
             "sysctls",
             repairable(pre),
-            format!("{found}{}", repair_note(pre)),
+            format!("{found}{note}"),
             &format!(
                 "sysctl -w {}; and keep them: write them to /etc/sysctl.d/99-k8s.conf",
                 set.join(" ")

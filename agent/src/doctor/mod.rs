@@ -13,7 +13,7 @@
 
 use crate::config::{Credentials, Settings};
 use crate::identity;
-use crate::installer::{MODULES, SYSCTLS};
+use crate::installer::{MODULES, MODULES_FILE, SYSCTL_FILE, SYSCTLS};
 use crate::systemd::UnitState;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -82,11 +82,11 @@ pub const CHECKS: &[(&str, &str)] = &[
     ("swap", "no active swap in `/proc/swaps`"),
     (
         "kernel-modules",
-        "`overlay` and `br_netfilter` loaded or built in (`/sys/module/<name>`)",
+        "`overlay` and `br_netfilter` loaded or built in (`/sys/module/<name>`, `/proc/filesystems`, `/proc/sys/net/bridge`, `modules.builtin`); when not, why this host cannot load them (a container, `kernel.modules_disabled`)",
     ),
     (
         "sysctls",
-        "`net.ipv4.ip_forward` and `net.bridge.bridge-nf-call-ip{,6}tables` are 1 (`/proc/sys`)",
+        "`net.ipv4.ip_forward` and `net.bridge.bridge-nf-call-ip{,6}tables` are 1 (`/proc/sys`); when not, why this host cannot set them (read-only `/proc/sys` in a container, no `br_netfilter`)",
     ),
     (
         "containerd",
@@ -194,6 +194,15 @@ pub struct Inputs {
     pub missing_modules: Vec<String>,
     /// Required sysctls whose value differs: (name, value found or `None` if absent).
     pub wrong_sysctls: Vec<(String, Option<String>)>,
+    /// Whether a finished install is in effect here (its manifest in the state directory): it
+    /// wrote the modules-load.d and sysctl.d files and restarted their services.
+    pub installed: bool,
+    /// Why kernel modules cannot be loaded on this host, if they cannot
+    /// ([`crate::installer::settings::module_loading_blocked`]).
+    pub modules_blocked: Option<String>,
+    /// Of [`Self::wrong_sysctls`], those that cannot be set here, with why
+    /// ([`crate::installer::settings::sysctl_blocked`]).
+    pub sysctls_blocked: Vec<(String, String)>,
     /// containerd's unit.
     pub containerd: UnitProbe,
     /// Ports of [`KUBELET_PORT`], [`API_SERVER_PORT`] that something listens on.

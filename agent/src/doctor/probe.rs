@@ -15,29 +15,7 @@ pub fn parse_swaps(text: &str) -> Vec<String> {
 
 use crate::fsutil::under;
 
-/// The required modules that are neither loaded nor built in (`<root>/sys/module/<name>`
-/// exists for both).
-pub fn missing_modules(root: &Path) -> Vec<String> {
-    MODULES
-        .iter()
-        .filter(|m| !under(root, format!("/sys/module/{m}")).exists())
-        .map(|m| (*m).to_string())
-        .collect()
-}
-
-/// The required sysctls whose value under `<root>/proc/sys` differs from the wanted one.
-pub fn wrong_sysctls(root: &Path) -> Vec<(String, Option<String>)> {
-    SYSCTLS
-        .iter()
-        .filter_map(|(name, want)| {
-            let path = under(root, format!("/proc/sys/{}", name.replace('.', "/")));
-            let found = std::fs::read_to_string(path)
-                .ok()
-                .map(|v| v.trim().to_string());
-            (found.as_deref() != Some(*want)).then(|| ((*name).to_string(), found))
-        })
-        .collect()
-}
+pub use crate::installer::settings::{missing_modules, wrong_sysctls};
 
 /// Whether `path` is on the cgroup2 filesystem (statfs(2) `CGROUP2_SUPER_MAGIC`).
 pub fn is_cgroup2(path: &Path) -> bool {
@@ -272,6 +250,19 @@ fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
             .unwrap_or_default(),
         missing_modules: missing_modules(root),
         wrong_sysctls: wrong_sysctls(root),
+        installed: crate::installer::manifest::InstallManifest::load(
+            &settings.state_dir.join(crate::installer::MANIFEST_FILE),
+        )
+        .ok()
+        .flatten()
+        .is_some_and(|m| m.complete),
+        modules_blocked: crate::installer::settings::module_loading_blocked(root),
+        sysctls_blocked: wrong_sysctls(root)
+            .into_iter()
+            .filter_map(|(k, _)| {
+                crate::installer::settings::sysctl_blocked(root, &k).map(|why| (k, why))
+            })
+            .collect(),
         containerd: UnitProbe::Unknown("not asked".into()),
         busy_ports: busy_ports(),
         claimed: state.claim.is_some() || state.cleanup.is_some(),

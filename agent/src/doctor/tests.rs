@@ -10,6 +10,9 @@ fn healthy() -> Inputs {
         swaps: vec![],
         missing_modules: vec![],
         wrong_sysctls: vec![],
+        installed: false,
+        modules_blocked: None,
+        sysctls_blocked: vec![],
         containerd: UnitProbe::State(UnitState {
             load_state: "loaded".into(),
             active_state: "active".into(),

@@ -58,7 +58,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 host_changes: Default::default(),
             });
             self.save(state)?;
-            tracing::info!(byoh_machine = %machine, "claim accepted; starting the bootstrap");
+            tracing::info!(byoh_machine = %machine, "claim by ByoMachine {machine} accepted; starting the bootstrap");
         }
         self.reconcile_runcmd(state)?;
         if let Some(step) = state
@@ -73,30 +73,64 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 .fail(host, state, reasons::BOOTSTRAP_FAILED, message, &[])
                 .await;
         }
+        // Kubernetes components, if the claim asks for them (resumable: the installer keeps
+        // its own manifest of every change, which the clean-up reverts).
+        let installer_ref = claim
+            .installer_ref
+            .as_ref()
+            .filter(|_| !self.settings.skip_installation);
+        // Phases only move forward: `Installing` until the install step is done (the
+        // cloud-config's `bootcmd` items, which cloud-init runs first, run in it), then
+        // `Bootstrapping` (docs/architecture.md, "ByoHost phases").
+        let installing = installer_ref.is_some()
+            && !state
+                .claim
+                .as_ref()
+                .is_some_and(|w| w.done(&BootstrapStep::Install.to_string()));
+        let mut current = if installing {
+            phase::INSTALLING
+        } else {
+            phase::BOOTSTRAPPING
+        };
         notify::status(&format!(
             "Bootstrapping for ByoMachine {}/{machine}",
             self.host.namespace()
         ));
-        self.report(
-            host,
-            phase::BOOTSTRAPPING,
-            state,
-            &[
-                (
-                    types::READY,
-                    true,
-                    reasons::WAITING_FOR_BOOTSTRAP,
-                    "running the bootstrap data",
-                ),
-                (
-                    types::BOOTSTRAP_SUCCEEDED,
-                    false,
-                    reasons::WAITING_FOR_BOOTSTRAP,
-                    "running the bootstrap data",
-                ),
-            ],
-        )
-        .await?;
+        let installed_message = match installer_ref {
+            Some(r) if installing => format!("installing as K8sInstallerConfig {} asks", r.name),
+            Some(r) => format!("installed as K8sInstallerConfig {} asks", r.name),
+            None => "the claim names no K8sInstallerConfig (or [host] skip_installation is set): the components are expected on the host".to_string(),
+        };
+        let mut starting = vec![
+            (
+                types::READY,
+                true,
+                reasons::WAITING_FOR_BOOTSTRAP,
+                "running the bootstrap data",
+            ),
+            (
+                types::BOOTSTRAP_SUCCEEDED,
+                false,
+                reasons::WAITING_FOR_BOOTSTRAP,
+                "running the bootstrap data",
+            ),
+        ];
+        if installing {
+            starting.push((
+                types::K8S_COMPONENTS_INSTALLED,
+                false,
+                reasons::WAITING_FOR_BOOTSTRAP,
+                &installed_message,
+            ));
+        } else if installer_ref.is_none() {
+            starting.push((
+                types::K8S_COMPONENTS_INSTALLED,
+                false,
+                reasons::NOT_REQUESTED,
+                &installed_message,
+            ));
+        }
+        self.report(host, current, state, &starting).await?;
 
         let Some(data) = self.bootstrap_data(claim).await? else {
             let message = format!(
@@ -106,7 +140,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             return self
                 .report(
                     host,
-                    phase::BOOTSTRAPPING,
+                    current,
                     state,
                     &[(
                         types::BOOTSTRAP_SUCCEEDED,
@@ -159,12 +193,6 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             tracing::warn!(byoh_machine = %machine, "bootstrap data: {note}");
         }
 
-        // Kubernetes components, if the claim asks for them (resumable: the installer keeps
-        // its own manifest of every change, which the clean-up reverts).
-        let installer_ref = claim
-            .installer_ref
-            .as_ref()
-            .filter(|_| !self.settings.skip_installation);
         for next in bootstrap_steps(installer_ref.is_some(), &plan) {
             let step = next.to_string();
             if next != BootstrapStep::Sentinel
@@ -213,18 +241,6 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         "Installing Kubernetes components for ByoMachine {}/{machine}",
                         self.host.namespace()
                     ));
-                    self.report(
-                        host,
-                        phase::INSTALLING,
-                        state,
-                        &[(
-                            types::K8S_COMPONENTS_INSTALLED,
-                            false,
-                            reasons::WAITING_FOR_BOOTSTRAP,
-                            "installing",
-                        )],
-                    )
-                    .await?;
                     let configs: Api<byoh_api::K8sInstallerConfig> =
                         Api::namespaced(self.host.client().clone(), self.host.namespace());
                     let config = configs.get(&installer_ref.name).await.map_err(|source| {
@@ -267,17 +283,29 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     )
                     .await
                     {
-                        Ok(_) => {
+                        Ok(m) => {
                             self.record_finish(state, &step, Ok(()))?;
+                            let not_in_effect = if m.not_in_effect.is_empty() {
+                                String::new()
+                            } else {
+                                format!(
+                                    "; not in effect on this host: {}",
+                                    m.not_in_effect.join("; ")
+                                )
+                            };
+                            current = phase::BOOTSTRAPPING;
                             self.report(
                                 host,
-                                phase::BOOTSTRAPPING,
+                                current,
                                 state,
                                 &[(
                                     types::K8S_COMPONENTS_INSTALLED,
                                     true,
                                     reasons::AS_EXPECTED,
-                                    "installed as the K8sInstallerConfig asks",
+                                    &format!(
+                                        "installed as K8sInstallerConfig {} asks{not_in_effect}",
+                                        installer_ref.name
+                                    ),
                                 )],
                             )
                             .await?;
@@ -389,7 +417,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             w.outcome = Some(Outcome::Bootstrapped);
         }
         self.save(state)?;
-        tracing::info!(byoh_machine = %machine, byoh_phase = phase::PROVISIONED, "bootstrap succeeded");
+        tracing::info!(byoh_machine = %machine, byoh_phase = phase::PROVISIONED, "bootstrap for ByoMachine {machine} succeeded");
         notify::status(&format!(
             "Provisioned for ByoMachine {}/{machine}",
             self.host.namespace()

@@ -43,7 +43,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             tracing::info!(
                 machine_uid,
                 byoh_phase = phase::CLEANING_UP,
-                "cleaning up after the claim"
+                "cleaning up after the claim of ByoMachine UID {machine_uid}"
             );
         }
         notify::status("Cleaning up: resetting the host");
@@ -112,6 +112,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 ),
             )
         };
+        let uninstalled = state.claim.as_ref().is_some_and(|c| c.installed);
         state.cleaned_machine_uid = Some(machine_uid.into());
         state.claim = None;
         state.cleanup = None;
@@ -119,7 +120,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         tracing::info!(
             machine_uid,
             byoh_phase = phase::AVAILABLE,
-            "clean-up finished"
+            "clean-up after the claim of ByoMachine UID {machine_uid} finished"
         );
         notify::status("Cleaned up; the host is back in the pool");
         let released = host.spec.claim.is_some();
@@ -154,6 +155,16 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     false,
                     reasons::WAITING_FOR_CLAIM,
                     "no claim",
+                ),
+                (
+                    types::K8S_COMPONENTS_INSTALLED,
+                    false,
+                    reasons::WAITING_FOR_CLAIM,
+                    if uninstalled {
+                        "no claim: the clean-up uninstalled what the claim's K8sInstallerConfig had installed"
+                    } else {
+                        "no claim"
+                    },
                 ),
             ],
         )

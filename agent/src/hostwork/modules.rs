@@ -150,7 +150,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 run_tool(&self.runner, &argv, timeout)
                     .await
                     .map_err(failed(format!("deleting user {}", u.name)))?;
-                tracing::info!(user = %u.name, home_removed = u.home_created, "users: deleted the user the claim created");
+                tracing::info!(user = %u.name, home_removed = u.home_created, "users: deleted {}, whom the claim created{}", u.name, if u.home_created { ", with the home directory" } else { "" });
             }
         }
         for m in work.host_changes.mounts.iter().rev() {

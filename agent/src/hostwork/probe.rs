@@ -161,7 +161,7 @@ async fn output(runner: &impl CommandRunner, scratch: &Path, argv: &[String]) ->
         Ok(o) if o.exit.success() => Some(text),
         Ok(o) => {
             tracing::info!(
-                "verify: {command} failed ({:?}): {}; not checked",
+                "verify: {command} failed ({}): {}; not checked",
                 o.exit,
                 stderr_tail(&o.stderr)
             );

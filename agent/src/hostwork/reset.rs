@@ -131,12 +131,14 @@ pub async fn reset(
         .find(|p| under(root, p).exists())
         .copied()
     else {
+        tracing::info!("kubeadm reset: skipped, no kubeadm on this host");
         return Ok(None);
     };
     let socket = cri_socket(root);
     let argv = reset_argv(kubeadm, &socket);
     let command = argv.join(" ");
-    tracing::info!("resetting the host: {command}");
+    tracing::info!(command = %command, "kubeadm reset: running {command}");
+    let started = std::time::Instant::now();
     let out = runner
         .run(&RawCommand::Argv(argv), timeout)
         .await
@@ -144,7 +146,13 @@ pub async fn reset(
             command: command.clone(),
             source,
         })?;
+    let secs = started.elapsed().as_secs_f64();
     if out.exit.success() {
+        tracing::info!(
+            command = %command,
+            duration_secs = secs,
+            "kubeadm reset succeeded in {secs:.1} s"
+        );
         return Ok(Some(command));
     }
     Err(ResetError::Failed {

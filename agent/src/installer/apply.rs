@@ -356,6 +356,17 @@ impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
             Step::Enable(unit) => self.enable(unit).await,
             Step::Start(unit) => self.start(unit).await,
             Step::Packages(p) => p.apply(self).await,
+            Step::CheckSettings => {
+                // Not a warning of the install: a container host cannot load modules or set
+                // its machine's sysctls, and that is its operator's choice; `byoh-agent
+                // doctor` says the same with the same reasons.
+                let missing = super::settings::not_in_effect(self.root);
+                for n in &missing {
+                    tracing::info!(setting = %n, "install: not in effect on this host: {n}");
+                }
+                self.manifest.not_in_effect = missing;
+                self.save()
+            }
             Step::Note(n) => {
                 if self.manifest.warnings.contains(n) {
                     return Ok(());
@@ -382,7 +393,16 @@ impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
                 StepProgress::New => Some(self.record(Change::Downloaded { path: dest.clone() })?),
                 StepProgress::Done => None,
             };
-            tracing::info!(artifact = name, url = %download::redact_url(&a.url), "downloading");
+            let url = download::redact_url(&a.url);
+            let version = &self.manifest.kubernetes_version;
+            tracing::info!(
+                artifact = name,
+                kubernetes_version = %version,
+                url = %url,
+                sha256 = %a.sha256,
+                "downloading {name} {version} from {url} (sha256 {})",
+                a.sha256
+            );
             download::download(&a.url, &dest, Some(&a.sha256)).await?;
             if let Some(i) = idx {
                 self.done(i)?;

@@ -174,6 +174,9 @@ fn install_cmd(settings: &Settings, file: &Path, version: &str) -> Result<(), St
     for w in &m.warnings {
         println!("warning: {w}");
     }
+    for n in &m.not_in_effect {
+        println!("not in effect: {n}");
+    }
     Ok(())
 }
 

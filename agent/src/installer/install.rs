@@ -32,7 +32,12 @@ pub async fn install(
             if m.complete {
                 return Ok(m);
             }
-            tracing::info!(path = %manifest_path.display(), "resuming an interrupted install");
+            tracing::info!(
+                path = %manifest_path.display(),
+                "resuming the interrupted install of Kubernetes {} recorded in {}",
+                req.kubernetes_version,
+                manifest_path.display()
+            );
             m
         }
         Some(m) => {
@@ -49,6 +54,7 @@ pub async fn install(
                 complete: false,
                 changes: Vec::new(),
                 warnings: Vec::new(),
+                not_in_effect: Vec::new(),
             };
             m.save(manifest_path)?;
             m
@@ -72,7 +78,11 @@ pub async fn install(
     tracing::info!(
         changes = ctx.manifest.changes.len(),
         warnings = ctx.manifest.warnings.len(),
-        "install complete"
+        "install of Kubernetes {} complete: {} changes recorded in {}, {} warnings",
+        req.kubernetes_version,
+        ctx.manifest.changes.len(),
+        manifest_path.display(),
+        ctx.manifest.warnings.len()
     );
     Ok(ctx.manifest)
 }

@@ -297,6 +297,11 @@ pub struct InstallManifest {
     /// in a container).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The required kernel modules and sysctls that were not in effect after the install
+    /// wrote their files and restarted their services, each with why when known
+    /// ([`super::settings::not_in_effect`]; e.g. a container cannot load modules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_in_effect: Vec<String>,
 }
 
 impl InstallManifest {

@@ -36,6 +36,7 @@ mod plan;
 #[cfg(test)]
 mod plan_tests;
 mod probe;
+pub mod settings;
 mod source;
 mod steps;
 #[cfg(test)]

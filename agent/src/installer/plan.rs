@@ -148,6 +148,11 @@ pub fn plan_install(
             }
             Step::Start(unit) => out.push(planned(format!("start {unit} if not active"))),
             Step::Packages(p) => out.extend(p.plan().into_iter().map(planned)),
+            Step::CheckSettings => {
+                for n in super::settings::not_in_effect(root) {
+                    out.push(planned(format!("check, and report if still so: {n}")));
+                }
+            }
             Step::Note(n) => out.push(planned(format!("note: {n}"))),
         }
     }

@@ -250,6 +250,7 @@ fn manifest_round_trips_and_plan_uninstall_is_reversed() {
             },
         ],
         warnings: vec!["w".into()],
+        not_in_effect: vec![],
     };
     let json = serde_json::to_value(&m).unwrap();
     assert_eq!(json["changes"][1]["kind"], "fileReplaced");

@@ -116,6 +116,9 @@ pub(super) enum Step {
     Enable(&'static str),
     Start(&'static str),
     Packages(packages::PackageSteps),
+    /// Record which required modules and sysctls are not in effect, and why
+    /// ([`super::settings::not_in_effect`]), in the manifest's `not_in_effect`.
+    CheckSettings,
     /// Something the operator should know, kept as a warning in the manifest.
     Note(String),
 }
@@ -152,6 +155,7 @@ pub(super) fn preparation() -> Vec<Step> {
             warn_only: true,
             after: vec![file_key(SYSCTL_FILE)],
         },
+        Step::CheckSettings,
     ]
 }
 

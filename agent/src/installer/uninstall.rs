@@ -58,7 +58,6 @@ pub async fn uninstall_keeping(
     let mut apt_update_at_end = false;
     for entry in manifest.changes.iter().rev() {
         let change = &entry.change;
-        tracing::info!(revert = %change.describe_revert(), "uninstall");
         match change {
             Change::Downloaded { path } => {
                 let _ = std::fs::remove_file(download::part_path(path));
@@ -169,6 +168,11 @@ pub async fn uninstall_keeping(
                 kept.extend(packages::revert(change, root, &cmds).await?);
             }
         }
+        // A restart is logged when it runs, after the loop.
+        if !matches!(change, Change::UnitRestarted { .. }) {
+            let revert = change.describe_revert();
+            tracing::info!(revert = %revert, "uninstall: {revert}: done");
+        }
     }
     units
         .daemon_reload()
@@ -184,6 +188,10 @@ pub async fn uninstall_keeping(
                 .restart(unit)
                 .await
                 .map_err(InstallError::unit("restarting", unit))?;
+            tracing::info!(
+                unit,
+                "uninstall: restarted {unit}, its configuration restored"
+            );
         }
     }
     if apt_update_at_end
@@ -209,7 +217,12 @@ pub async fn uninstall_keeping(
     if let Some(d) = manifest_path.parent() {
         sync_dir(d);
     }
-    tracing::info!("uninstall complete");
+    tracing::info!(
+        changes = manifest.changes.len(),
+        "uninstall complete: the {} changes recorded in {} reverted",
+        manifest.changes.len(),
+        manifest_path.display()
+    );
     Ok(kept)
 }
 
