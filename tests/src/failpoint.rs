@@ -88,3 +88,47 @@ pub async fn kill_at(host: &Host, step: &str) {
     .await
     .unwrap();
 }
+
+/// Every step boundary of a claim with an installer and bootstrap data `data`, from the
+/// agent's own step lists, paired with the clean-up steps (each list repeated round to the
+/// longer one's length): `(bootstrap step, clean-up step)` to kill before in one cycle.
+pub fn step_pairs(data: &str) -> Vec<(String, String)> {
+    let doc = byoh_agent::cloudinit::parse(
+        data,
+        &byoh_agent::cloudinit::InstanceData {
+            local_hostname: "h".into(),
+            instance_id: "h".into(),
+            default_interface: None,
+        },
+    )
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let plan = byoh_agent::cloudinit::validate(
+        &doc,
+        &byoh_agent::cloudinit::ValidateOptions {
+            root: root.path(),
+            host_name: "h",
+            ignore_modules: &[],
+        },
+    )
+    .unwrap();
+    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(true, &plan)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let cleanup: Vec<String> = byoh_agent::hostwork::CLEANUP_STEPS
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(bootstrap.iter().any(|b| b == "install"), "{bootstrap:?}");
+    assert!(cleanup.iter().any(|c| c == "uninstall"), "{cleanup:?}");
+    let cycles = bootstrap.len().max(cleanup.len());
+    (0..cycles)
+        .map(|i| {
+            (
+                bootstrap[i % bootstrap.len()].clone(),
+                cleanup[i % cleanup.len()].clone(),
+            )
+        })
+        .collect()
+}

@@ -9,7 +9,7 @@
 use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
-use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint};
+use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint, step_pairs};
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::tarball;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -472,55 +472,18 @@ async fn killed_at_every_step_boundary_the_host_converges_without_repeating_a_st
     }
     // Every boundary, from the agent's own step lists: a claim with an installer and the
     // KILL_DATA bootstrap data, and its clean-up.
-    let doc = byoh_agent::cloudinit::parse(
-        KILL_DATA,
-        &byoh_agent::cloudinit::InstanceData {
-            local_hostname: "h".into(),
-            instance_id: "h".into(),
-            default_interface: None,
-        },
-    )
-    .unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let plan = byoh_agent::cloudinit::validate(
-        &doc,
-        &byoh_agent::cloudinit::ValidateOptions {
-            root: root.path(),
-            host_name: "h",
-            ignore_modules: &[],
-        },
-    )
-    .unwrap();
-    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(true, &plan)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    let cleanup: Vec<String> = byoh_agent::hostwork::CLEANUP_STEPS
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let pairs = step_pairs(KILL_DATA);
     for s in [
         "bootcmd[0]",
         "mounts[0]",
         "users[0]",
-        "install",
         "write_files[0]",
         "runcmd[0]",
         "runcmd[2]",
         "sentinel",
     ] {
-        assert!(bootstrap.iter().any(|b| b == s), "{s} in {bootstrap:?}");
+        assert!(pairs.iter().any(|(b, _)| b == s), "{s} in {pairs:?}");
     }
-    assert!(cleanup.iter().any(|c| c == "uninstall"), "{cleanup:?}");
-    let cycles = bootstrap.len().max(cleanup.len());
-    let pairs: Vec<(String, String)> = (0..cycles)
-        .map(|i| {
-            (
-                bootstrap[i % bootstrap.len()].clone(),
-                cleanup[i % cleanup.len()].clone(),
-            )
-        })
-        .collect();
     eprintln!("kill boundaries: {pairs:?} over {KILL_HOSTS} hosts");
 
     let ns = TestNamespace::create(&client, "hostwork-kill")

@@ -23,7 +23,7 @@
 
 use byoh_tests::agent;
 use byoh_tests::control_plane::{self, TestNamespace};
-use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint};
+use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint, step_pairs};
 use byoh_tests::hosts::{self, BootOptions, Host};
 use byoh_tests::packages_claim::{self, ALL_PACKAGES, condition, exists, release};
 use byoh_tests::rpm_repo;
@@ -250,36 +250,7 @@ async fn killed_at_every_step(
     before: &str,
     want: &[String],
 ) {
-    let doc = byoh_agent::cloudinit::parse(
-        packages_claim::DATA,
-        &byoh_agent::cloudinit::InstanceData {
-            local_hostname: "h".into(),
-            instance_id: "h".into(),
-            default_interface: None,
-        },
-    )
-    .unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let plan = byoh_agent::cloudinit::validate(
-        &doc,
-        &byoh_agent::cloudinit::ValidateOptions {
-            root: root.path(),
-            host_name: "h",
-            ignore_modules: &[],
-        },
-    )
-    .unwrap();
-    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(true, &plan)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    let cleanup: Vec<String> = byoh_agent::hostwork::CLEANUP_STEPS
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    assert!(bootstrap.iter().any(|b| b == "install"), "{bootstrap:?}");
-    assert!(cleanup.iter().any(|c| c == "uninstall"), "{cleanup:?}");
-    let cycles = bootstrap.len().max(cleanup.len());
+    let pairs = step_pairs(packages_claim::DATA);
     let name = host.name().to_string();
     let without_key = |v: &[String]| -> Vec<String> {
         v.iter()
@@ -287,8 +258,7 @@ async fn killed_at_every_step(
             .cloned()
             .collect()
     };
-    for i in 0..cycles {
-        let (b, c) = (&bootstrap[i % bootstrap.len()], &cleanup[i % cleanup.len()]);
+    for (i, (b, c)) in pairs.iter().enumerate() {
         let t = std::time::Instant::now();
         let uid = format!("uid-kill-{i}");
         host.run(&["rm", "-f", "/run/byoh-test-kubeadm.log"])
