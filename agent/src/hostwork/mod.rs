@@ -404,16 +404,11 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         let action = decide(&host.spec, &state);
         match &action {
             Action::Available => {
-                self.report(
+                self.report_free(
                     host,
-                    phase::AVAILABLE,
                     &state,
-                    &[(
-                        types::READY,
-                        true,
-                        reasons::WAITING_FOR_CLAIM,
-                        "registered; waiting for a ByoMachine to claim this host",
-                    )],
+                    reasons::WAITING_FOR_CLAIM,
+                    "registered; waiting for a ByoMachine to claim this host",
                 )
                 .await?
             }
@@ -444,21 +439,29 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
             Action::Cleanup { machine_uid } => self.cleanup(host, machine_uid, &mut state).await?,
             Action::Released => {
-                self.report(
+                self.report_free(
                     host,
-                    phase::AVAILABLE,
                     &state,
-                    &[(
-                        types::READY,
-                        true,
-                        reasons::RELEASING,
-                        "cleaned up; waiting for the controller to drop the claim",
-                    )],
+                    reasons::RELEASING,
+                    "cleaned up; waiting for the controller to drop the claim",
                 )
                 .await?
             }
         }
         Ok(action)
+    }
+
+    /// Reports phase `Available` with `Ready=True` for `reason` and `message` (a free host, or
+    /// one cleaned and waiting for the controller to drop the claim).
+    async fn report_free(
+        &self,
+        host: &ByoHost,
+        state: &HostState,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), WorkError> {
+        let ready = [(types::READY, true, reason, message)];
+        self.report(host, phase::AVAILABLE, state, &ready).await
     }
 
     async fn report(
