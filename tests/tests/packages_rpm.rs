@@ -264,7 +264,8 @@ async fn the_rpm_installs_upgrades_and_erases_with_dnf_on_the_dnf_host() {
     // Nothing else is left (the snapshot leaves out /var/lib/byoh) but the parent directories
     // rpm created for the package's files: the package has no directory entries
     // (cargo-generate-rpm 0.21.1 cannot write them, docs/packaging.md), so rpm leaves them on
-    // erase. On RHEL `filesystem` (and fish, zsh) own all but /usr/share/licenses/byoh-agent.
+    // erase. On RHEL `filesystem` (and fish, zsh) own them; the package's own license directory
+    // is removed by its %postun.
     let diff = agent::snapshot_diff(&before, &agent::snapshot(&host).await.unwrap());
     let unexpected: Vec<&str> = diff
         .iter()
@@ -277,7 +278,6 @@ async fn the_rpm_installs_upgrades_and_erases_with_dnf_on_the_dnf_host() {
             "+d 755 root:root /usr/share/fish",
             "+d 755 root:root /usr/share/fish/vendor_completions.d",
             "+d 755 root:root /usr/share/licenses",
-            "+d 755 root:root /usr/share/licenses/byoh-agent",
             "+d 755 root:root /usr/share/zsh/site-functions",
         ],
         "install + erase left more than /etc/byoh and the unowned parent directories"
