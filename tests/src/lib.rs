@@ -13,18 +13,25 @@
 //! - [`pool`]: hosts registered through a BootstrapKubeconfig with the packaged agent.
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
+//! - [`manifests`]: the generated manifests, substituted and server-side applied.
+//! - [`capi_bed`]: a site driven by Cluster API's own managers (issue 15): a management control
+//!   plane, the managers, an image registry, a package mirror, hosts on the test network
+//!   registered with the packaged agent; [`capi_cluster`]: its cluster as Cluster API reports it.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
 
 pub mod agent;
 pub mod apt_repo;
+pub mod capi_bed;
+pub mod capi_cluster;
 pub mod control_plane;
 pub mod controller;
 pub mod hosts;
 pub mod http;
 pub mod kubeadm;
 pub mod machine;
+pub mod manifests;
 pub mod phases;
 pub mod pool;
 
