@@ -23,6 +23,10 @@
 //! - [`gpg`]: throwaway gpg keys that sign them.
 //! - [`packages_claim`]: stand-in Kubernetes packages and the claim steps the `packages` source's
 //!   system tests share.
+//! - [`manifests`]: the generated manifests, substituted and server-side applied.
+//! - [`capi_bed`]: a site driven by Cluster API's own managers (issue 15): a management control
+//!   plane, the managers, an image registry, a package mirror, hosts on the test network
+//!   registered with the packaged agent; [`capi_cluster`]: its cluster as Cluster API reports it.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
@@ -30,6 +34,8 @@
 pub mod access;
 pub mod agent;
 pub mod apt_repo;
+pub mod capi_bed;
+pub mod capi_cluster;
 pub mod control_plane;
 pub mod controller;
 pub mod failpoint;
@@ -38,6 +44,7 @@ pub mod hosts;
 pub mod http;
 pub mod kubeadm;
 pub mod machine;
+pub mod manifests;
 pub mod objects;
 pub mod packages_claim;
 pub mod phases;

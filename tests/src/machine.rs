@@ -1,6 +1,6 @@
 //! A booted test host made ready to be a machine of a Cluster API cluster, as an operator's site
 //! prepares its hosts before they join the pool: the kubelet's needs in an nspawn container
-//! ([`Host::prepare_kubelet`]), the site's private CA trusted (its package mirror and image
+//! ([`Host::prepare_kubelet`]), a kernel modules directory, the site's private CA trusted (its package mirror and image
 //! registry use it), and the pod network's CNI configuration.
 //!
 //! The CNI configuration is the distribution's plugins (`bridge` + `host-local`, installed by
@@ -68,6 +68,10 @@ pub async fn prepare(host: &Host, ca_pems: &[String], sandbox_image: &str) -> an
         .await?;
     }
     host.run(&["update-ca-certificates"]).await?;
+    // A machine has its kernel's modules directory; a container host has none. kube-proxy's
+    // DaemonSet mounts `/lib/modules` and containerd creates a missing hostPath source, which
+    // would be a directory the claim left behind.
+    host.run(&["mkdir", "-p", "/usr/lib/modules"]).await?;
     // Kubernetes' documented host prerequisite (kubeadm's preflight checks it): IPv4 forwarding,
     // set in the host's own network namespace (`--network`), kept across its reboots.
     host.write_file(SYSCTL_CONFIG, b"net.ipv4.ip_forward = 1\n", 0o644)

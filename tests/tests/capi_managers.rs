@@ -27,6 +27,7 @@ use byoh_tests::objects;
 use anyhow::{Context as _, ensure};
 use byoh_api::{ByoHost, ByoMachine};
 use byoh_tests::agent::{repo_root, wait_for};
+use byoh_tests::capi_bed::{Clusterctl, last_line, run};
 use byoh_tests::control_plane::{self, PrivateControlPlane, TestNamespace};
 use byoh_tests::controller::ControllerProcess;
 use k8s_openapi::api::core::v1::Secret;
@@ -38,7 +39,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const VERSION: &str = env!("CARGO_PKG_VERSION");
 const CLUSTER: &str = "capi1";
 const ENDPOINT: &str = "192.0.2.10";
 const K8S_VERSION: &str = "v1.36.3";
@@ -46,64 +46,6 @@ const HOST: &str = "capi-host-0";
 
 fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "capi_managers: {msg}");
-}
-
-/// Runs a command, failing with its output when it fails; returns stdout.
-fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
-
-fn last_line(s: &str) -> PathBuf {
-    PathBuf::from(s.lines().last().unwrap_or_default().trim())
-}
-
-/// A clusterctl local repository laid out as `packaging/release` lays it out
-/// (`infrastructure-byoh/v<ver>/`), from the generated manifests it copies
-/// (`controller/config/`), and a clusterctl config pointing at it.
-fn clusterctl_repository(tmp: &Path) -> anyhow::Result<PathBuf> {
-    let config = repo_root().join("controller/config");
-    let repo = tmp.join(format!("repository/infrastructure-byoh/v{VERSION}"));
-    std::fs::create_dir_all(&repo)?;
-    for f in ["infrastructure-components.yaml", "metadata.yaml"] {
-        std::fs::copy(config.join(f), repo.join(f))?;
-    }
-    for entry in std::fs::read_dir(config.join("templates"))? {
-        let entry = entry?;
-        std::fs::copy(entry.path(), repo.join(entry.file_name()))?;
-    }
-    let clusterctl_yaml = tmp.join("clusterctl.yaml");
-    std::fs::write(
-        &clusterctl_yaml,
-        format!(
-            "providers:\n- name: byoh\n  type: InfrastructureProvider\n  url: file://{}/infrastructure-components.yaml\n",
-            repo.display()
-        ),
-    )?;
-    std::fs::create_dir_all(tmp.join("home"))?;
-    Ok(clusterctl_yaml)
-}
-
-fn clusterctl(bin: &Path, tmp: &Path, config: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.args(args)
-        .arg("--config")
-        .arg(config)
-        .env("HOME", tmp.join("home"))
-        .env("XDG_CONFIG_HOME", tmp.join("home/.config"))
-        .env("KUBECONFIG", tmp.join("home/no-kubeconfig"))
-        .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
-        .env_remove("BYOH_WATCH_NAMESPACE");
-    cmd
 }
 
 /// The KubeadmConfig fields CABPK renders into cloud-init modules (`bootCommands` → `bootcmd`,
@@ -190,9 +132,7 @@ struct Bed {
     ns: TestNamespace,
     controller: ControllerProcess,
     capi_dir: PathBuf,
-    tmp: tempfile::TempDir,
-    clusterctl: PathBuf,
-    clusterctl_yaml: PathBuf,
+    clusterctl: Clusterctl,
 }
 
 impl Bed {
@@ -211,24 +151,14 @@ impl Bed {
             capi_dir.display(),
             t.elapsed().as_secs_f64()
         ));
-        let bin = last_line(&run(
-            Command::new(repo_root().join("tests/capi/build")).arg("clusterctl")
-        )?);
-        let clusterctl_bin = bin.join("clusterctl");
-        let tmp = tempfile::tempdir()?;
-        let clusterctl_yaml = clusterctl_repository(tmp.path())?;
+        let clusterctl = Clusterctl::new()?;
         // BYOH as `clusterctl generate provider` renders it from the repository.
-        let components = run(&mut clusterctl(
-            &clusterctl_bin,
-            tmp.path(),
-            &clusterctl_yaml,
-            &[
-                "generate",
-                "provider",
-                "--infrastructure",
-                &format!("byoh:v{VERSION}"),
-            ],
-        ))?;
+        let components = run(&mut clusterctl.command(&[
+            "generate",
+            "provider",
+            "--infrastructure",
+            &Clusterctl::infrastructure(),
+        ]))?;
         access::apply_yaml(&admin, &components, false).await?;
         let ns = TestNamespace::create(&admin, "capi-managers").await?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
@@ -242,9 +172,7 @@ impl Bed {
             ns,
             controller,
             capi_dir,
-            tmp,
-            clusterctl: clusterctl_bin,
-            clusterctl_yaml,
+            clusterctl,
         })
     }
 
@@ -317,16 +245,14 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
     objects::create_host(&bed.admin, ns, HOST, &objects::HostOpts::default()).await;
 
     // `clusterctl generate cluster` of the release's default template, applied as generated.
-    let generated = run(clusterctl(
-        &bed.clusterctl,
-        bed.tmp.path(),
-        &bed.clusterctl_yaml,
-        &[
+    let generated = run(bed
+        .clusterctl
+        .command(&[
             "generate",
             "cluster",
             CLUSTER,
             "--infrastructure",
-            &format!("byoh:v{VERSION}"),
+            &Clusterctl::infrastructure(),
             "--kubernetes-version",
             K8S_VERSION,
             "--control-plane-machine-count",
@@ -335,9 +261,8 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
             "1",
             "--target-namespace",
             ns,
-        ],
-    )
-    .env("CONTROL_PLANE_ENDPOINT_IP", ENDPOINT))?;
+        ])
+        .env("CONTROL_PLANE_ENDPOINT_IP", ENDPOINT))?;
     let generated = with_host_modules(&generated)?;
     access::apply_yaml(&bed.admin, &generated, false)
         .await

@@ -10,6 +10,7 @@ use byoh_api::byomachine::ByoMachineTemplateResource;
 use byoh_api::{ByoMachineSpec, ByoMachineTemplate, ByoMachineTemplateSpec};
 use byoh_tests::access::*;
 use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::manifests::{apply_yaml, components_text, config_file, documents, envsubst};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };

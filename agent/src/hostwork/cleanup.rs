@@ -216,11 +216,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
             CleanupStep::StopKubelet => {
                 self.cleanup_step(state, next, |me| async move {
-                    let s = me.units.state(crate::units::KUBELET_UNIT).await?;
-                    if s.load_state != "not-found" {
-                        me.units.stop(crate::units::KUBELET_UNIT).await?;
-                        me.units.disable(&[crate::units::KUBELET_UNIT]).await?;
-                    }
+                    stop_kubelet(&me.units).await?;
                     Ok(())
                 })
                 .await
@@ -324,4 +320,24 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
         }
     }
+}
+
+/// The kubelet's slice under the systemd cgroup driver: every pod's cgroup is a transient slice
+/// under it (`kubepods-besteffort-pod<uid>.slice`, ...).
+pub const KUBEPODS_SLICE: &str = "kubepods.slice";
+
+/// Stops and disables the kubelet, then stops [`KUBEPODS_SLICE`] when it is active: the pod
+/// slices the kubelet made (systemd cgroup driver) outlive it and `kubeadm reset` (which removes
+/// the containers), and would stay behind as transient units; stopping the parent slice stops
+/// them all. Units that are not there are skipped.
+pub(super) async fn stop_kubelet<U: UnitManager>(units: &U) -> Result<(), WorkError> {
+    let s = units.state(crate::units::KUBELET_UNIT).await?;
+    if s.load_state != "not-found" {
+        units.stop(crate::units::KUBELET_UNIT).await?;
+        units.disable(&[crate::units::KUBELET_UNIT]).await?;
+    }
+    if units.state(KUBEPODS_SLICE).await?.is_active() {
+        units.stop(KUBEPODS_SLICE).await?;
+    }
+    Ok(())
 }

@@ -241,3 +241,32 @@ fn bootstrap_steps_name_every_step_in_order() {
         ]
     );
 }
+
+#[tokio::test]
+async fn stopping_the_kubelet_stops_the_pod_slices_it_leaves() {
+    use crate::systemd::UnitManager as _;
+    let units = crate::systemd::fake::FakeUnits::default();
+    units.start(crate::units::KUBELET_UNIT).await.unwrap();
+    units.start(cleanup::KUBEPODS_SLICE).await.unwrap();
+    cleanup::stop_kubelet(&units).await.unwrap();
+    assert_eq!(
+        units.calls.lock().unwrap()[2..],
+        [
+            "stop kubelet.service",
+            "disable kubelet.service",
+            "stop kubepods.slice"
+        ]
+    );
+    assert!(
+        !units
+            .state(cleanup::KUBEPODS_SLICE)
+            .await
+            .unwrap()
+            .is_active()
+    );
+
+    // Neither there (a host that never ran a kubelet): nothing is stopped.
+    let units = crate::systemd::fake::FakeUnits::default();
+    cleanup::stop_kubelet(&units).await.unwrap();
+    assert!(units.calls.lock().unwrap().is_empty());
+}
