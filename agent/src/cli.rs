@@ -36,6 +36,15 @@ pub enum FactsFormat {
     Json,
 }
 
+/// The argument of `maintenance`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MaintenanceState {
+    /// Out of the pool.
+    On,
+    /// Back in the pool.
+    Off,
+}
+
 /// Subcommands of `byoh-agent`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -82,6 +91,18 @@ pub enum Command {
         /// Output format: a table, or JSON for machines.
         #[arg(short, long, value_enum, default_value_t = Format::Text)]
         output: Format,
+    },
+    /// Take this host out of the pool (`on`: the controller hands it to no ByoMachine; a claim
+    /// it has is left alone) or put it back (`off`), as the ByoHost condition `Maintenance`,
+    /// written with the host's identity. Exit 0 when written, 1 when the API refuses or cannot
+    /// be reached (or the host never registered), 78 if the configuration is invalid.
+    Maintenance {
+        /// `on` or `off`.
+        #[arg(value_enum)]
+        state: MaintenanceState,
+        /// Why (shown in the condition's message and `kubectl describe byohost`).
+        #[arg(long, value_name = "TEXT", default_value = "")]
+        reason: String,
     },
     /// Print a generated document (`agent` for docs/agent.md); `make manifests` writes it.
     #[command(hide = true)]
@@ -182,6 +203,18 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("starting the tokio runtime: {e}"))
+}
+
+/// The exit status of a subcommand's `result`: 0 ([`crate::EXIT_OK`]) for `Ok`, else the error
+/// printed to stderr and 1 ([`crate::EXIT_FAILURE`]).
+pub fn exit_status<E: std::fmt::Display>(result: Result<(), E>) -> u8 {
+    match result {
+        Ok(()) => crate::EXIT_OK,
+        Err(e) => {
+            eprintln!("byoh-agent: {e}");
+            crate::EXIT_FAILURE
+        }
+    }
 }
 
 /// What `status` and `doctor` need first: the settings of `config` with the `BYOH_*`

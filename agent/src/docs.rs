@@ -97,6 +97,9 @@ fn default_of(key: &str, d: &Settings) -> Option<String> {
         "host.labels" => "`{}`".into(),
         "host.skip_installation" => format!("`{}`", d.skip_installation),
         "host.skip_os_check" => format!("`{}`", d.skip_os_check),
+        "host.package_manager" => {
+            "unset: from os-release `ID` (apt on Debian and Ubuntu, dnf on the RHEL family)".into()
+        }
         "agent.state_dir" => quoted(&d.state_dir.display().to_string()),
         "agent.download_dir" => quoted(&d.download_dir.display().to_string()),
         "agent.log_level" => quoted(&d.log_level),

@@ -19,6 +19,7 @@ pub mod hostwork;
 pub mod identity;
 pub mod installer;
 pub mod logging;
+pub mod maintenance;
 pub mod metrics;
 pub mod mounts;
 pub mod registration;

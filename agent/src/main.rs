@@ -17,6 +17,9 @@ fn main() -> ExitCode {
         Command::CloudConfig { command } => byoh_agent::cloudinit::cli::run(command, &config),
         Command::Status { output } => byoh_agent::status::cli(output == Format::Json, &config),
         Command::Doctor { output } => byoh_agent::doctor::cli(output == Format::Json, &config),
+        Command::Maintenance { state, reason } => {
+            byoh_agent::maintenance::cli(state, &reason, &config)
+        }
         Command::Plan { command } => {
             byoh_agent::installer::cli::run(Action::Plan(command), &config)
         }

@@ -551,20 +551,13 @@ pub fn cli(json: bool, config: &Path) -> u8 {
         }
         return crate::EXIT_UNSUPPORTED;
     }
-    match runtime.block_on(gather(&settings)) {
-        Ok(r) => {
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
-            } else {
-                print!("{}", render_table(&r));
-            }
-            crate::EXIT_OK
+    crate::cli::exit_status(runtime.block_on(gather(&settings)).map(|r| {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        } else {
+            print!("{}", render_table(&r));
         }
-        Err(e) => {
-            eprintln!("byoh-agent: {e}");
-            crate::EXIT_FAILURE
-        }
-    }
+    }))
 }
 
 #[cfg(test)]

@@ -147,6 +147,9 @@ pub mod types {
     /// ByoHost: the agent's preflight checks (`byoh-agent doctor`) pass; while `False` the
     /// controller does not hand the host out.
     pub const PREFLIGHT_CHECKS_PASSED: &str = "PreflightChecksPassed";
+    /// ByoHost: the host's operator took it out of the pool (`byoh-agent maintenance on`);
+    /// while `True` the controller does not hand the host out.
+    pub const MAINTENANCE: &str = "Maintenance";
 }
 
 /// Condition reasons.
@@ -216,6 +219,11 @@ pub mod reasons {
     /// ByoHost: a preflight check fails (the message names each check and its fix); the host
     /// is not offered until it passes.
     pub const PREFLIGHT_CHECKS_FAILED: &str = "PreflightChecksFailed";
+    /// ByoHost (`Maintenance=True`): `byoh-agent maintenance on` took the host out of the pool
+    /// (message: the operator's reason).
+    pub const MAINTENANCE_REQUESTED: &str = "MaintenanceRequested";
+    /// ByoHost (`Maintenance=False`): `byoh-agent maintenance off` put the host back.
+    pub const NOT_IN_MAINTENANCE: &str = "NotInMaintenance";
 
     /// Every reason above (docs/troubleshooting.md must explain each; a test checks both this
     /// list against the constants and the document against this list).
@@ -247,6 +255,8 @@ pub mod reasons {
         QUARANTINED,
         UNIT_INACTIVE,
         PREFLIGHT_CHECKS_FAILED,
+        MAINTENANCE_REQUESTED,
+        NOT_IN_MAINTENANCE,
     ];
 }
 

@@ -58,6 +58,12 @@ pub const RELEASE_REQUESTED_AT: &str = "byoh.infrastructure.cluster.x-k8s.io/rel
 /// expires; hosts cannot remove it (admission policy). See docs/security.md.
 pub const REVOKED: &str = "byoh.infrastructure.cluster.x-k8s.io/revoked";
 
+/// ByoHost: an administrator took the host out of the pool for maintenance (annotation; its
+/// value is the reason, may be empty). The controller hands the host to no ByoMachine while it
+/// is set; a claim it already has is left alone. Hosts cannot set or remove it (admission
+/// policy); the host's own request is the `Maintenance` condition (`byoh-agent maintenance`).
+pub const MAINTENANCE: &str = "byoh.infrastructure.cluster.x-k8s.io/maintenance";
+
 /// ByoHost: a bootstrap token may enrol this host's name again once (annotation, any value;
 /// set by an administrator after reinstalling the host). Without it a bootstrap token cannot
 /// obtain the certificate of a registered host; the CSR approver removes it when it approves.
@@ -135,7 +141,12 @@ mod tests {
     fn controller_annotations_are_in_byoh_domain() {
         // The host policy protects every annotation of this domain: the controller's clock and
         // the administrator's revocation and re-enrolment marks.
-        for key in [RELEASE_REQUESTED_AT, REVOKED, ALLOW_RE_ENROLMENT] {
+        for key in [
+            RELEASE_REQUESTED_AT,
+            REVOKED,
+            ALLOW_RE_ENROLMENT,
+            MAINTENANCE,
+        ] {
             assert!(key.starts_with(&format!("{BYOH_DOMAIN}/")), "{key}");
         }
         assert!(VETTED_DOMAIN.ends_with(&format!(".{BYOH_DOMAIN}")));

@@ -69,6 +69,10 @@ pub enum Rejection {
     PreviousMachineExists,
     /// The host has no Lease.
     NoLease,
+    /// The host is out of the pool for maintenance: the annotation
+    /// `byoh.infrastructure.cluster.x-k8s.io/maintenance` (an administrator) or the condition
+    /// `Maintenance=True` (`byoh-agent maintenance on` on the host).
+    Maintenance,
     /// The host's Lease expired (`renewTime + leaseDurationSeconds <= now`).
     LeaseExpired,
     /// The agent does not report `status.phase: Available`.
@@ -135,6 +139,19 @@ fn requirement_matches(r: &LabelSelectorRequirement, labels: &BTreeMap<String, S
     }
 }
 
+/// Whether `host` is out of the pool for maintenance ([`Rejection::Maintenance`]).
+pub fn in_maintenance(host: &ByoHost) -> bool {
+    let annotated = host
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(labels::MAINTENANCE));
+    let requested = host.status.as_ref().is_some_and(|s| {
+        byoh_api::conditions::is_true(&s.conditions, byoh_api::conditions::types::MAINTENANCE)
+    });
+    annotated || requested
+}
+
 /// Whether `host` (with its Lease, if any) may be handed to `req` at `now`; the first reason
 /// it may not otherwise.
 ///
@@ -163,6 +180,9 @@ pub fn eligibility(
         && exists(previous)
     {
         return Err(Rejection::PreviousMachineExists);
+    }
+    if in_maintenance(host) {
+        return Err(Rejection::Maintenance);
     }
     let Some(lease) = lease else {
         return Err(Rejection::NoLease);
@@ -339,6 +359,8 @@ mod tests {
         namespace: &'static str,
         preflight_failed: bool,
         previous_machine: Option<&'static str>,
+        /// `annotation` (an administrator's) or `condition` (the host's request).
+        maintenance: Option<&'static str>,
     }
 
     fn h(name: &'static str) -> H {
@@ -353,6 +375,7 @@ mod tests {
             namespace: "ns",
             preflight_failed: false,
             previous_machine: None,
+            maintenance: None,
         }
     }
 
@@ -406,6 +429,23 @@ mod tests {
                 },
                 ..Default::default()
             });
+            match self.maintenance {
+                Some("annotation") => {
+                    host.metadata.annotations =
+                        Some([(labels::MAINTENANCE.to_string(), "disk swap".to_string())].into());
+                }
+                Some(_) => {
+                    if let Some(status) = host.status.as_mut() {
+                        byoh_api::conditions::Marker::new(None, Time(now())).mark_true(
+                            &mut status.conditions,
+                            byoh_api::conditions::types::MAINTENANCE,
+                            byoh_api::conditions::reasons::MAINTENANCE_REQUESTED,
+                            "disk swap",
+                        );
+                    }
+                }
+                None => {}
+            }
             let lease = self.lease_age_secs.map(|age| Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.into()),
@@ -546,6 +586,24 @@ mod tests {
                 },
                 req(),
                 Err(Rejection::NeedsCleanup),
+            ),
+            (
+                "maintenance by an administrator (annotation)",
+                H {
+                    maintenance: Some("annotation"),
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::Maintenance),
+            ),
+            (
+                "maintenance asked for on the host (condition)",
+                H {
+                    maintenance: Some("condition"),
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::Maintenance),
             ),
             (
                 "previous Machine still exists",

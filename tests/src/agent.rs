@@ -535,7 +535,8 @@ pub async fn create_bootstrap_secret(
 /// (same filesystem) with type, mode, owner and size (not for directories: the overlay a test
 /// host runs on reports another size for a directory once it is copied up) — except volatile and agent-owned places
 /// (`/proc`, `/sys`, `/dev`, `/run`, `/tmp`, `/var/log`, `/var/cache`, `/var/tmp`,
-/// `/var/lib/byoh`, `/var/lib/systemd`, `/var/lib/apt`, `/var/lib/dpkg`, `/byoh`) — and the
+/// `/var/lib/byoh`, `/var/lib/systemd`, the package databases `/var/lib/apt`, `/var/lib/dpkg`,
+/// `/var/lib/rpm`, `/var/lib/dnf`, and `/byoh`) — and the
 /// unit files with their enablement (`systemctl list-unit-files`).
 ///
 /// Errors when a command inside the host fails.
@@ -544,7 +545,7 @@ pub async fn snapshot(host: &Host) -> anyhow::Result<String> {
         .run(&[
             "sh",
             "-c",
-            "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/log -o -path /var/cache -o -path /var/tmp -o -path /var/lib/byoh -o -path /var/lib/systemd -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /byoh -o -path /var/lib/containerd \\) -prune -o -type d -printf '%y %m %u:%g %p\\n' -o -printf '%y %m %u:%g %s %p\\n' | sort",
+            "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/log -o -path /var/cache -o -path /var/tmp -o -path /var/lib/byoh -o -path /var/lib/systemd -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /var/lib/rpm -o -path /var/lib/dnf -o -path /byoh -o -path /var/lib/containerd \\) -prune -o -type d -printf '%y %m %u:%g %p\\n' -o -printf '%y %m %u:%g %s %p\\n' | sort",
         ])
         .await?;
     let units = host

@@ -7,6 +7,7 @@
 //! (the kubelet unit, kubeadm's `10-kubeadm.conf` drop-in, the CNI plugins in `/opt/cni/bin`), so
 //! that a `K8sInstallerConfig` `packages` source installs a working Kubernetes node.
 
+pub use crate::gpg::GpgKey;
 use anyhow::{Context as _, ensure};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +32,8 @@ pub struct Package {
     pub version: String,
     /// The `Depends:` field, empty for none.
     pub depends: String,
+    /// The `Provides:` field, empty for none.
+    pub provides: String,
     /// `all`, `amd64`, ...
     pub arch: String,
     /// What it installs.
@@ -44,6 +47,7 @@ impl Package {
             name: name.into(),
             version: version.into(),
             depends: String::new(),
+            provides: String::new(),
             arch: "all".into(),
             files: Vec::new(),
         }
@@ -52,6 +56,12 @@ impl Package {
     /// Adds `Depends: depends`.
     pub fn depends(mut self, depends: &str) -> Package {
         self.depends = depends.into();
+        self
+    }
+
+    /// Adds `Provides: provides` (RPM: also file paths, e.g. `/bin/sh`).
+    pub fn provides(mut self, provides: &str) -> Package {
+        self.provides = provides.into();
         self
     }
 
@@ -67,7 +77,7 @@ impl Package {
 }
 
 /// Runs `cmd`; its stdout, or an error with the exit status and stderr.
-fn run(cmd: &mut Command) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<Vec<u8>> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     ensure!(
         out.status.success(),
@@ -84,11 +94,14 @@ pub fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<PathBuf> {
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().join("pkg");
     std::fs::create_dir_all(root.join("DEBIAN"))?;
-    let depends = if package.depends.is_empty() {
-        String::new()
-    } else {
-        format!("Depends: {}\n", package.depends)
+    let field = |name: &str, value: &str| {
+        if value.is_empty() {
+            String::new()
+        } else {
+            format!("{name}: {value}\n")
+        }
     };
+    let depends = field("Depends", &package.depends) + &field("Provides", &package.provides);
     std::fs::write(
         root.join("DEBIAN/control"),
         format!(
@@ -161,82 +174,6 @@ pub fn release_of(files: &[(String, Vec<u8>)]) -> anyhow::Result<&[u8]> {
         .find(|(p, _)| p == "/Release")
         .map(|(_, b)| b.as_slice())
         .context("no /Release in the repository")
-}
-
-/// A throwaway gpg key in a home of its own (ed25519, signing, valid one day); its gpg-agent
-/// is stopped when dropped.
-pub struct GpgKey {
-    home: tempfile::TempDir,
-}
-
-impl GpgKey {
-    /// Generates a key for the user id `name` (e.g. `Repo <repo@byoh.invalid>`).
-    ///
-    /// Errors when gpg fails.
-    pub fn generate(name: &str) -> anyhow::Result<GpgKey> {
-        let home = tempfile::tempdir()?;
-        run(Command::new("gpg").arg("--homedir").arg(home.path()).args([
-            "--batch",
-            "--pinentry-mode",
-            "loopback",
-            "--passphrase",
-            "",
-            "--quick-gen-key",
-            name,
-            "ed25519",
-            "sign",
-            "1d",
-        ]))?;
-        Ok(GpgKey { home })
-    }
-
-    /// The public key, ASCII-armored (what a repository's `keyURL` serves).
-    ///
-    /// Errors when gpg fails.
-    pub fn armored_public_key(&self) -> anyhow::Result<Vec<u8>> {
-        run(Command::new("gpg")
-            .arg("--homedir")
-            .arg(self.home.path())
-            .args(["--batch", "--armor", "--export"]))
-    }
-
-    /// `InRelease` for `release`: the clear-signed text (SHA256 digest).
-    ///
-    /// Errors when gpg fails.
-    pub fn clearsign(&self, release: &[u8]) -> anyhow::Result<Vec<u8>> {
-        let dir = tempfile::tempdir()?;
-        let input = dir.path().join("Release");
-        let output = dir.path().join("InRelease");
-        std::fs::write(&input, release)?;
-        run(Command::new("gpg")
-            .arg("--homedir")
-            .arg(self.home.path())
-            .args([
-                "--batch",
-                "--yes",
-                "--pinentry-mode",
-                "loopback",
-                "--passphrase",
-                "",
-                "--digest-algo",
-                "SHA256",
-                "--clearsign",
-                "-o",
-            ])
-            .arg(&output)
-            .arg(&input))?;
-        Ok(std::fs::read(output)?)
-    }
-}
-
-impl Drop for GpgKey {
-    fn drop(&mut self) {
-        let _ = Command::new("gpgconf")
-            .arg("--homedir")
-            .arg(self.home.path())
-            .args(["--kill", "gpg-agent"])
-            .status();
-    }
 }
 
 /// The kubelet unit as pkgs.k8s.io's kubelet package ships it (/usr/lib/systemd/system).

@@ -132,6 +132,9 @@ pub fn unique_name(label: &str) -> String {
 /// How to boot a host; [`BootOptions::default`] boots the plain image.
 #[derive(Debug, Clone, Default)]
 pub struct BootOptions {
+    /// The image flavour (`boot --flavor`): `None` for the plain Debian 12 image, `Some("dnf")`
+    /// for the one with Debian's dnf and rpm (the RHEL family's stand-in, docs/local_dev.md).
+    pub flavor: Option<String>,
     /// Replaces `/etc/os-release` inside with this file (to test unsupported systems).
     pub os_release: Option<PathBuf>,
     /// How long to wait for `systemctl is-system-running`; the script's default (120 s) if
@@ -192,6 +195,9 @@ impl Host {
         let name = unique_name(label);
         let mut cmd = Command::new(scripts_dir().join("boot"));
         cmd.arg(&name);
+        if let Some(flavor) = &options.flavor {
+            cmd.arg("--flavor").arg(flavor);
+        }
         if let Some(file) = &options.os_release {
             cmd.arg("--os-release").arg(file);
         }

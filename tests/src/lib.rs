@@ -11,6 +11,7 @@
 //!   needs, the site's CA, a bridge CNI configuration).
 //! - [`controller`]: `byoh-controller run` as a process under its generated RBAC.
 //! - [`pool`]: hosts registered through a BootstrapKubeconfig with the packaged agent.
+//! - [`failpoint`]: the agent killed at a step boundary (its failpoint, then SIGKILL).
 //! - [`phases`]: named phase durations of long system tests.
 //! - [`apt_repo`]: signed flat apt repositories, e.g. of real Kubernetes packages.
 //! - [`tarball`]: stand-in Kubernetes binaries served as an installer `tarball` source.
@@ -18,6 +19,10 @@
 //! - [`access`]: the generated components installed; clients as the controller, a host, a
 //!   token, a certificate or an impersonated user.
 //! - [`eventually`]: polling until a condition holds, with a time limit.
+//! - [`rpm_repo`]: signed dnf repositories (rpmbuild, rpmsign, createrepo_c) of the same packages.
+//! - [`gpg`]: throwaway gpg keys that sign them.
+//! - [`packages_claim`]: stand-in Kubernetes packages and the claim steps the `packages` source's
+//!   system tests share.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
@@ -27,13 +32,17 @@ pub mod agent;
 pub mod apt_repo;
 pub mod control_plane;
 pub mod controller;
+pub mod failpoint;
+pub mod gpg;
 pub mod hosts;
 pub mod http;
 pub mod kubeadm;
 pub mod machine;
 pub mod objects;
+pub mod packages_claim;
 pub mod phases;
 pub mod pool;
+pub mod rpm_repo;
 pub mod tarball;
 
 /// Whether the test bed must be present (set by `make test`): missing parts fail tests instead

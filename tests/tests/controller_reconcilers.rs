@@ -549,6 +549,26 @@ async fn selection_skips_expired_leases_wrong_arch_needs_cleanup_and_busy_hosts(
         },
     )
     .await;
+    // Out of the pool for maintenance: one by an administrator's annotation, one by the
+    // host's own condition (`byoh-agent maintenance on`).
+    create_host(&client, &n, "maint-admin", &HostOpts::default()).await;
+    Api::<ByoHost>::namespaced(client.clone(), &n)
+        .patch(
+            "maint-admin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {labels::MAINTENANCE: "disk swap"}}})),
+        )
+        .await
+        .unwrap();
+    create_host(&client, &n, "maint-host", &HostOpts::default()).await;
+    agent_status(
+        &client,
+        &n,
+        "maint-host",
+        json!({"conditions": [{"type": "Maintenance", "status": "True", "reason": "MaintenanceRequested",
+            "message": "disk swap", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+    )
+    .await;
     create_host(
         &client,
         &n,
@@ -596,6 +616,7 @@ async fn selection_skips_expired_leases_wrong_arch_needs_cleanup_and_busy_hosts(
         "1 NotAvailable",
         "1 Selector",
         "1 Arch",
+        "2 Maintenance",
     ] {
         assert!(msg.contains(part), "{part} missing in {msg:?}");
     }
@@ -606,7 +627,15 @@ async fn selection_skips_expired_leases_wrong_arch_needs_cleanup_and_busy_hosts(
     })
     .await;
     assert_eq!(claim.machine_ref.name, "m1");
-    for other in ["arm", "dirty", "busy", "nolease", "unselected"] {
+    for other in [
+        "arm",
+        "dirty",
+        "busy",
+        "nolease",
+        "unselected",
+        "maint-admin",
+        "maint-host",
+    ] {
         assert!(
             get_host(&client, &n, other).await.spec.claim.is_none(),
             "{other} must stay free"

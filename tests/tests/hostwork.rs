@@ -9,6 +9,7 @@
 use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint, step_pairs};
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::tarball;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -317,80 +318,6 @@ const COUNTING: &str = "#cloud-config\nwrite_files:\n- path: /etc/byoh-test/kill
 /// counting its runs, a user with a sudo rule and a key, and a tmpfs mount.
 const KILL_DATA: &str = "#cloud-config\nbootcmd:\n- echo boot >> /run/byoh-boot-count\nusers:\n- name: killuser\n  sudo: ALL=(ALL) NOPASSWD:ALL\n  ssh_authorized_keys:\n  - ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKILL kill@example\nmounts:\n- [tmpfs, /var/lib/byoh-kill, tmpfs, size=1m]\nwrite_files:\n- path: /etc/byoh-test/kill/a.conf\n  content: \"a\\n\"\n- path: /etc/byoh-test/kill/log\n  append: true\n  content: \"appended\\n\"\nruncmd:\n- cd /run && export BYOH_THIRD=three && echo one >> byoh-count\n- [ \"/usr/local/bin/kubeadm\", \"join\", \"--config\", \"/etc/byoh-test/kill/a.conf\" ]\n- echo \"$BYOH_THIRD\" >> byoh-count\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
 
-async fn set_failpoint(host: &Host, step: Option<&str>) {
-    match step {
-        Some(step) => {
-            host.run(&["mkdir", "-p", "/etc/systemd/system/byoh-agent.service.d"])
-                .await
-                .unwrap();
-            let dropin = format!("[Service]\nEnvironment=BYOH_FAILPOINT=pause-before:{step}\n");
-            host.write_file(
-                "/etc/systemd/system/byoh-agent.service.d/failpoint.conf",
-                dropin.as_bytes(),
-                0o644,
-            )
-            .await
-            .unwrap();
-        }
-        None => host
-            .run(&[
-                "rm",
-                "-f",
-                "/etc/systemd/system/byoh-agent.service.d/failpoint.conf",
-            ])
-            .await
-            .map(|_| ())
-            .unwrap(),
-    }
-    host.run(&["systemctl", "daemon-reload"]).await.unwrap();
-}
-
-/// The agent was killed and systemd restarted it (`NRestarts` counts automatic restarts since
-/// the last manual one).
-async fn assert_restarted_by_systemd(host: &Host) {
-    let n = host
-        .run(&[
-            "systemctl",
-            "show",
-            "-p",
-            "NRestarts",
-            "--value",
-            "byoh-agent",
-        ])
-        .await
-        .unwrap();
-    assert!(n.trim().parse::<u32>().unwrap() >= 1, "NRestarts={n}");
-}
-
-async fn kill_at(host: &Host, step: &str) {
-    let want = format!("Failpoint: paused before {step}");
-    wait_for(&want, Duration::from_secs(60), || async {
-        let text = host
-            .run(&[
-                "systemctl",
-                "show",
-                "-p",
-                "StatusText",
-                "--value",
-                "byoh-agent",
-            ])
-            .await?;
-        Ok(text.contains(&want).then_some(()))
-    })
-    .await
-    .unwrap();
-    set_failpoint(host, None).await;
-    host.run(&[
-        "systemctl",
-        "kill",
-        "--kill-whom=main",
-        "-s",
-        "KILL",
-        "byoh-agent",
-    ])
-    .await
-    .unwrap();
-}
 
 /// Registers `host` (a fresh boot) in `ns`; the ByoHost API.
 async fn register_in(client: &kube::Client, ns: &str, host: &Host) -> Api<ByoHost> {
@@ -545,55 +472,18 @@ async fn killed_at_every_step_boundary_the_host_converges_without_repeating_a_st
     }
     // Every boundary, from the agent's own step lists: a claim with an installer and the
     // KILL_DATA bootstrap data, and its clean-up.
-    let doc = byoh_agent::cloudinit::parse(
-        KILL_DATA,
-        &byoh_agent::cloudinit::InstanceData {
-            local_hostname: "h".into(),
-            instance_id: "h".into(),
-            default_interface: None,
-        },
-    )
-    .unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let plan = byoh_agent::cloudinit::validate(
-        &doc,
-        &byoh_agent::cloudinit::ValidateOptions {
-            root: root.path(),
-            host_name: "h",
-            ignore_modules: &[],
-        },
-    )
-    .unwrap();
-    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(true, &plan)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    let cleanup: Vec<String> = byoh_agent::hostwork::CLEANUP_STEPS
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let pairs = step_pairs(KILL_DATA);
     for s in [
         "bootcmd[0]",
         "mounts[0]",
         "users[0]",
-        "install",
         "write_files[0]",
         "runcmd[0]",
         "runcmd[2]",
         "sentinel",
     ] {
-        assert!(bootstrap.iter().any(|b| b == s), "{s} in {bootstrap:?}");
+        assert!(pairs.iter().any(|(b, _)| b == s), "{s} in {pairs:?}");
     }
-    assert!(cleanup.iter().any(|c| c == "uninstall"), "{cleanup:?}");
-    let cycles = bootstrap.len().max(cleanup.len());
-    let pairs: Vec<(String, String)> = (0..cycles)
-        .map(|i| {
-            (
-                bootstrap[i % bootstrap.len()].clone(),
-                cleanup[i % cleanup.len()].clone(),
-            )
-        })
-        .collect();
     eprintln!("kill boundaries: {pairs:?} over {KILL_HOSTS} hosts");
 
     let ns = TestNamespace::create(&client, "hostwork-kill")
@@ -1089,4 +979,60 @@ async fn a_claim_and_its_release_are_told_by_events_on_the_byohost() {
             "command output in an Event: {note}"
         );
     }
+}
+
+/// Issue 17 #4: `byoh-agent maintenance on|off` on the host writes the ByoHost condition
+/// `Maintenance` with the host's own identity (the API server applies the host's grants), and
+/// the running agent's own writes leave it in place.
+#[tokio::test(flavor = "multi_thread")]
+async fn maintenance_on_and_off_on_the_host_are_the_maintenance_condition() {
+    let Some((_client, _ns, host, hosts)) = setup("hostwork-maint").await else {
+        return;
+    };
+    let name = host.name().to_string();
+    let maintenance = |hosts: Api<ByoHost>, name: String| async move {
+        status_of(&hosts, &name)
+            .await
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Maintenance")
+    };
+    let out = host
+        .exec(&["byoh-agent", "maintenance", "on", "--reason", "disk swap"])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("Maintenance=True"), "{}", out.stdout);
+    let c = maintenance(hosts.clone(), name.clone()).await.unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "MaintenanceRequested")
+    );
+    assert!(c.message.ends_with("disk swap"), "{}", c.message);
+
+    // The agent's next reports (facts, preflight, units, host work) keep it: other managers.
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    wait_phase(&hosts, &name, "Available", 60).await;
+    let c = maintenance(hosts.clone(), name.clone()).await.unwrap();
+    assert_eq!(c.status, "True");
+
+    let out = host
+        .exec(&["byoh-agent", "maintenance", "off"])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let c = maintenance(hosts.clone(), name.clone()).await.unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NotInMaintenance")
+    );
+
+    // A wrong word is refused by the command line (usage error, nothing written).
+    let out = host
+        .exec(&["byoh-agent", "maintenance", "maybe"])
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
 }

@@ -21,164 +21,29 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use byoh_api::{ByoHost, K8sInstallerConfig};
+use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
-use byoh_tests::apt_repo::{self, GpgKey, KUBEADM_DROPIN, KUBELET_UNIT, Package};
+use byoh_tests::apt_repo::{self, Package};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::hosts::{self, Host};
-use byoh_tests::http::{FileServer, TestCa};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use byoh_tests::packages_claim::{self, ALL_PACKAGES, condition, exists, release, wait_phase};
 use kube::Api;
-use kube::api::PostParams;
 use std::time::Duration;
 
 /// The version the K8sInstallerConfig pins; the repository also has a newer one.
 const PINNED: &str = "1.36.3-1.1";
 const NEWER: &str = "1.36.4-1.1";
 
-/// A kubeadm stand-in: records each call in /run/byoh-test-kubeadm.log.
-const KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log\nexit 0\n";
-/// A kubelet stand-in: records its arguments at each start, then runs.
-const KUBELET: &str =
-    "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubelet.starts\nexec sleep infinity\n";
-const KUBECTL: &str = "#!/bin/sh\necho 'Client Version: v1.36.3'\n";
-/// Every package of the repository.
-const ALL_PACKAGES: [&str; 5] = [
-    "kubeadm",
-    "kubelet",
-    "kubectl",
-    "cri-tools",
-    "kubernetes-cni",
-];
-
-/// Bootstrap data: the join with the packaged kubeadm, then the sentinel.
-const DATA: &str = "#cloud-config\nruncmd:\n- [ \"kubeadm\", \"join\", \"--config\", \"/dev/null\" ]\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
-
 /// The flat repository's files (URL path under the repository → body): stand-in packages at
 /// two versions, `Packages`, `Release`.
 fn repository() -> Vec<(String, Vec<u8>)> {
-    let mut packages = Vec::new();
-    for version in [PINNED, NEWER] {
-        packages.push(
-            Package::new("kubeadm", version)
-                .depends("cri-tools (>= 1.36.0)")
-                .file("/usr/bin/kubeadm", KUBEADM, 0o755)
-                .file(
-                    "/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf",
-                    KUBEADM_DROPIN,
-                    0o644,
-                ),
-        );
-        packages.push(
-            Package::new("kubelet", version)
-                .depends("kubernetes-cni (>= 1.2.0)")
-                .file("/usr/bin/kubelet", KUBELET, 0o755)
-                .file(
-                    "/usr/lib/systemd/system/kubelet.service",
-                    KUBELET_UNIT,
-                    0o644,
-                ),
-        );
-        packages.push(Package::new("kubectl", version).file("/usr/bin/kubectl", KUBECTL, 0o755));
-    }
-    packages.push(Package::new("cri-tools", "1.36.0-1.1").file(
-        "/usr/bin/crictl",
-        "#!/bin/sh\nexit 0\n",
-        0o755,
-    ));
-    packages.push(Package::new("kubernetes-cni", "1.7.1-1.1").file(
-        "/opt/cni/bin/bridge",
-        "#!/bin/sh\nexit 0\n",
-        0o755,
-    ));
+    let packages = packages_claim::standin_packages(&[PINNED, NEWER], "1.36.0-1.1", "1.7.1-1.1");
     apt_repo::flat_repository(&packages).unwrap()
 }
 
-async fn status_of(hosts: &Api<ByoHost>, name: &str) -> byoh_api::ByoHostStatus {
-    hosts
-        .get_status(name)
-        .await
-        .unwrap()
-        .status
-        .unwrap_or_default()
-}
-
-async fn condition(hosts: &Api<ByoHost>, name: &str, type_: &str) -> Option<Condition> {
-    status_of(hosts, name)
-        .await
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == type_)
-}
-
-/// Waits for `phase`; a `Failed` host (when another phase is awaited) fails the test at once
-/// with its conditions.
-async fn wait_phase(hosts: &Api<ByoHost>, name: &str, phase: &str, secs: u64) {
-    wait_for(
-        &format!("phase {phase}"),
-        Duration::from_secs(secs),
-        || async {
-            let status = hosts
-                .get_opt(name)
-                .await?
-                .and_then(|h| h.status)
-                .unwrap_or_default();
-            let now = status.phase.as_deref();
-            assert!(
-                now != Some("Failed") || phase == "Failed",
-                "waiting for {phase}, the host failed: {:#?}",
-                status.conditions
-            );
-            Ok((now == Some(phase)).then_some(()))
-        },
-    )
-    .await
-    .unwrap();
-}
-
-/// Release the claim of `uid` and drop it, as the controller does; waits for `Available`.
-async fn release(client: &kube::Client, ns: &str, hosts: &Api<ByoHost>, name: &str, uid: &str) {
-    agent::request_release(client, ns, name).await.unwrap();
-    wait_for("cleanedMachineUID", Duration::from_secs(120), || async {
-        Ok(hosts.get_opt(name).await?.filter(|h| {
-            h.status
-                .as_ref()
-                .and_then(|s| s.cleaned_machine_uid.as_deref())
-                == Some(uid)
-        }))
-    })
-    .await
-    .unwrap();
-    agent::drop_claim(client, ns, name).await.unwrap();
-    wait_phase(hosts, name, "Available", 60).await;
-}
-
-async fn packages_config(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    repository: &str,
-    key_url: &str,
-) {
-    let config: K8sInstallerConfig = serde_json::from_value(serde_json::json!({
-        "apiVersion": byoh_api::API_VERSION,
-        "kind": "K8sInstallerConfig",
-        "metadata": { "name": name, "namespace": ns },
-        "spec": { "packages": {
-            "aptRepository": repository,
-            "keyURL": key_url,
-            "versionPin": PINNED,
-        }},
-    }))
-    .unwrap();
-    Api::<K8sInstallerConfig>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &config)
-        .await
-        .unwrap();
-}
-
-async fn exists(host: &Host, path: &str) -> bool {
-    host.exec(&["test", "-e", path]).await.unwrap().success()
+/// The `packages` source of the apt repository at `repository` with its key at `key_url`.
+fn apt_source(repository: &str, key_url: &str) -> serde_json::Value {
+    serde_json::json!({ "aptRepository": repository, "keyURL": key_url, "versionPin": PINNED })
 }
 
 /// `name version` of each repository package installed on the host.
@@ -205,53 +70,6 @@ async fn installed(host: &Host) -> Vec<String> {
         .collect()
 }
 
-/// Claims the host with K8sInstallerConfig `config`, expects the install to fail, and returns
-/// the K8sComponentsInstalled condition after checking that nothing is left behind.
-async fn failing_claim(
-    client: &kube::Client,
-    ns: &str,
-    host: &Host,
-    hosts: &Api<ByoHost>,
-    before: &str,
-    config: &str,
-    uid: &str,
-) -> Condition {
-    let name = host.name();
-    agent::claim_host_installing(
-        client,
-        ns,
-        name,
-        &format!("m-{config}"),
-        uid,
-        "data",
-        Some((config, "v1.36.3")),
-    )
-    .await
-    .unwrap();
-    wait_phase(hosts, name, "Failed", 180).await;
-    let cond = condition(hosts, name, "K8sComponentsInstalled")
-        .await
-        .unwrap();
-    assert_eq!(
-        (cond.status.as_str(), cond.reason.as_str()),
-        ("False", "InstallationFailed"),
-        "{cond:?}"
-    );
-    let diff = agent::snapshot_diff(before, &agent::snapshot(host).await.unwrap());
-    assert!(
-        diff.is_empty(),
-        "{config}: the failed install left changes behind:\n{}",
-        diff.join("\n")
-    );
-    assert!(installed(host).await.is_empty());
-    assert!(
-        !exists(host, "/run/byoh-test-kubeadm.log").await,
-        "nothing ran"
-    );
-    release(client, ns, hosts, name, uid).await;
-    cond
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn packages_source_installs_the_pinned_held_version_from_a_signed_repository_and_reverts_it()
 {
@@ -262,98 +80,34 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         return;
     }
     let started = std::time::Instant::now();
-    let key = GpgKey::generate("BYOH test repository <repo@byoh.invalid>").unwrap();
-    let other = GpgKey::generate("Someone else <other@byoh.invalid>").unwrap();
+    let keys = packages_claim::Keys::generate();
     let repo = repository();
     let release_text = apt_repo::release_of(&repo).unwrap().to_vec();
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-    for (p, body) in &repo {
-        files.push((format!("/signed{p}"), body.clone()));
-        files.push((format!("/unsigned{p}"), body.clone()));
-    }
-    files.push((
-        "/signed/InRelease".into(),
-        key.clearsign(&release_text).unwrap(),
+    let mut signed = repo.clone();
+    signed.push((
+        "/InRelease".into(),
+        keys.key.clearsign(&release_text).unwrap(),
     ));
-    let server = FileServer::start(files).await.unwrap();
-    let ca = TestCa::new("BYOH test CA").unwrap();
-    let key_server = FileServer::start_tls(
-        vec![
-            ("/repo.asc".into(), key.armored_public_key().unwrap()),
-            ("/other.asc".into(), other.armored_public_key().unwrap()),
-        ],
-        &ca,
-    )
-    .await
-    .unwrap();
-    let (key_base, ca_pem) = (key_server.base().to_string(), ca.pem());
+    let ns = TestNamespace::create(&client, "installer-packages")
+        .await
+        .unwrap();
+    let served =
+        packages_claim::serve_and_configure(&client, ns.name(), keys, signed, repo, apt_source)
+            .await;
+    let signed = served.signed.clone();
     eprintln!(
         "repository built and served in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 
-    let ns = TestNamespace::create(&client, "installer-packages")
-        .await
-        .unwrap();
-    let signed = format!("{}/signed/", server.base());
-    let unsigned = format!("{}/unsigned/", server.base());
-    packages_config(
-        &client,
-        ns.name(),
-        "good",
-        &signed,
-        &format!("{key_base}/repo.asc"),
-    )
-    .await;
-    packages_config(
-        &client,
-        ns.name(),
-        "wrong-key",
-        &signed,
-        &format!("{key_base}/other.asc"),
-    )
-    .await;
-    packages_config(
-        &client,
-        ns.name(),
-        "unsigned",
-        &unsigned,
-        &format!("{key_base}/repo.asc"),
-    )
-    .await;
-    agent::create_bootstrap_secret(&client, ns.name(), "data", DATA)
-        .await
-        .unwrap();
-
     let host = Host::boot("installer-packages").await.unwrap();
     let name = host.name().to_string();
-    // The host trusts the test CA (as an operator adds a private CA), before the snapshot.
-    host.write_file(
-        "/usr/local/share/ca-certificates/byoh-test-ca.crt",
-        ca_pem.as_bytes(),
-        0o644,
-    )
-    .await
-    .unwrap();
-    host.run(&["update-ca-certificates"]).await.unwrap();
-    agent::register(
-        &client,
-        &control_plane::kubeconfig_path().unwrap(),
-        ns.name(),
-        &host,
-        "",
-    )
-    .await
-    .unwrap();
-    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
-    let _ = host
-        .run(&["systemctl", "start", "containerd.service"])
-        .await;
+    let hosts = packages_claim::register_trusting(&client, ns.name(), &host, &served, "").await;
     let before = agent::snapshot(&host).await.unwrap();
 
     // A key that is not the repository's: apt refuses the repository; nothing is left.
     let t = std::time::Instant::now();
-    let cond = failing_claim(
+    let cond = packages_claim::failing_claim(
         &client,
         ns.name(),
         &host,
@@ -361,6 +115,7 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         &before,
         "wrong-key",
         "uid-wrongkey-1",
+        installed,
     )
     .await;
     for want in [
@@ -378,7 +133,7 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
     );
     // A repository without a signature: the same.
     let t = std::time::Instant::now();
-    let cond = failing_claim(
+    let cond = packages_claim::failing_claim(
         &client,
         ns.name(),
         &host,
@@ -386,6 +141,7 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         &before,
         "unsigned",
         "uid-unsigned-1",
+        installed,
     )
     .await;
     for want in [
@@ -402,27 +158,7 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
     );
 
     // The signed repository with its key: the pinned version, held, with its dependencies.
-    let t = std::time::Instant::now();
-    agent::claim_host_installing(
-        &client,
-        ns.name(),
-        &name,
-        "m-good",
-        "uid-good-1",
-        "data",
-        Some(("good", "v1.36.3")),
-    )
-    .await
-    .unwrap();
-    wait_phase(&hosts, &name, "Provisioned", 300).await;
-    eprintln!(
-        "installed and bootstrapped in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
-    assert!(byoh_api::conditions::is_true(
-        &status_of(&hosts, &name).await.conditions,
-        "K8sComponentsInstalled"
-    ));
+    packages_claim::claim_until_provisioned(&client, ns.name(), &hosts, &name).await;
     assert_eq!(
         installed(&host).await,
         [
@@ -451,33 +187,13 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         host.read_file("/etc/apt/keyrings/byoh-kubernetes.asc")
             .await
             .unwrap(),
-        key.armored_public_key().unwrap()
+        served.keys.key.armored_public_key().unwrap()
     );
     // apt would have taken the newer version without the pin.
     let policy = host.run(&["apt-cache", "policy", "kubeadm"]).await.unwrap();
     assert!(policy.contains(NEWER), "{policy}");
     // kubelet.service from the package, with kubeadm's drop-in, started by the installer.
-    assert_eq!(
-        host.run(&["systemctl", "is-active", "kubelet.service"])
-            .await
-            .unwrap()
-            .trim(),
-        "active"
-    );
-    let args = host
-        .read_to_string("/run/byoh-test-kubelet.starts")
-        .await
-        .unwrap();
-    assert!(
-        args.contains("--config=/var/lib/kubelet/config.yaml"),
-        "{args}"
-    );
-    assert_eq!(
-        host.read_to_string("/run/byoh-test-kubeadm.log")
-            .await
-            .unwrap(),
-        "join --config /dev/null\n"
-    );
+    packages_claim::assert_packaged_kubelet_runs_and_joined(&host).await;
 
     // Release: reset, then the packages purged, the source and the keyring removed.
     let t = std::time::Instant::now();

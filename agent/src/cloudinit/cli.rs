@@ -13,7 +13,7 @@ use super::{
 };
 use crate::cli::CloudConfigCommand;
 use crate::config::{self, Settings};
-use crate::{EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, facts};
+use crate::{EXIT_CONFIG, facts};
 use std::path::Path;
 
 /// Runs a `cloud-config` subcommand and returns the exit status: 0 ok, 1 refused or failed,
@@ -34,13 +34,7 @@ pub fn run(command: CloudConfigCommand, config_path: &Path) -> u8 {
         } => validate_cmd(&settings, &file, hostname, &format),
         CloudConfigCommand::Apply { file, format } => apply_cmd(&settings, &file, &format),
     };
-    match result {
-        Ok(()) => EXIT_OK,
-        Err(e) => {
-            eprintln!("byoh-agent: {e}");
-            EXIT_FAILURE
-        }
-    }
+    crate::cli::exit_status(result)
 }
 
 fn host_name(settings: &Settings) -> Result<String, String> {

@@ -115,6 +115,7 @@ pub struct Merged {
     labels: BTreeMap<String, Sourced<String>>,
     skip_installation: Option<Sourced<bool>>,
     skip_os_check: Option<Sourced<bool>>,
+    package_manager: Option<Sourced<String>>,
     state_dir: Option<Sourced<String>>,
     download_dir: Option<Sourced<String>>,
     log_level: Option<Sourced<String>>,
@@ -196,6 +197,9 @@ pub struct Settings {
     pub skip_installation: bool,
     /// Run even on an unsupported operating system.
     pub skip_os_check: bool,
+    /// The `packages` source's package manager (`[host] package_manager`); `None`: the one
+    /// os-release's `ID` implies ([`crate::installer::package_manager`]).
+    pub package_manager: Option<crate::installer::PackageManager>,
     /// State directory (absolute).
     pub state_dir: PathBuf,
     /// Download directory (absolute).
@@ -354,7 +358,13 @@ impl Merged {
             kubeconfig,
             certificate_lifetime
         );
-        set!(raw.host, name, skip_installation, skip_os_check);
+        set!(
+            raw.host,
+            name,
+            skip_installation,
+            skip_os_check,
+            package_manager
+        );
         set!(
             raw.agent,
             state_dir,
@@ -551,6 +561,24 @@ impl Merged {
             _ => None,
         };
 
+        let package_manager = match &self.package_manager {
+            None => None,
+            Some(v) => match v.value.as_str() {
+                "apt" => Some(crate::installer::PackageManager::Apt),
+                "dnf" => Some(crate::installer::PackageManager::Dnf),
+                other => {
+                    bad(
+                        &v.origin,
+                        "host.package_manager",
+                        format!(
+                            "\"{other}\" is not a package manager; expected \"apt\" or \"dnf\", or leave it unset to go by os-release"
+                        ),
+                    );
+                    None
+                }
+            },
+        };
+
         if !problems.is_empty() {
             return Err(ConfigError(problems));
         }
@@ -562,6 +590,7 @@ impl Merged {
             labels,
             skip_installation: self.skip_installation.is_some_and(|v| v.value),
             skip_os_check: self.skip_os_check.is_some_and(|v| v.value),
+            package_manager,
             state_dir,
             download_dir,
             log_level,

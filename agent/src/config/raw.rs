@@ -62,6 +62,12 @@ pub struct RawHost {
     /// Run on an operating system that is not in the supported list.
     #[schemars(with = "Option<bool>")]
     pub skip_os_check: Option<Spanned<bool>>,
+    /// The package manager of the installer's `packages` source, `apt` or `dnf`, instead of the
+    /// one os-release's `ID` implies: for a derivative the agent does not know (with
+    /// `skip_os_check`), or a Debian host with Debian's dnf standing in for the RHEL family in
+    /// the system tests (docs/local_dev.md).
+    #[schemars(with = "Option<String>")]
+    pub package_manager: Option<Spanned<String>>,
 }
 
 /// `[agent]`: the agent process itself.

@@ -33,6 +33,24 @@ fn empty_file_gives_the_documented_defaults() {
     assert_eq!(s.log_level, "info");
     assert_eq!(s.metrics_address, None);
     assert!(!s.skip_installation && !s.skip_os_check);
+    assert_eq!(s.package_manager, None);
+}
+
+#[test]
+fn package_manager_is_apt_or_dnf() {
+    let s = load_text("[host]\npackage_manager = \"dnf\"\n").unwrap();
+    assert_eq!(
+        s.package_manager,
+        Some(crate::installer::PackageManager::Dnf)
+    );
+    let e = load_text("[host]\n\npackage_manager = \"yum\"\n").unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("host.package_manager")
+            && text.contains("\"yum\" is not a package manager; expected \"apt\" or \"dnf\"")
+            && text.contains(":3"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -52,6 +70,7 @@ fn sample_config_parses_and_equals_the_defaults() {
         "labels",
         "skip_installation",
         "skip_os_check",
+        "package_manager",
         "state_dir",
         "download_dir",
         "log_level",

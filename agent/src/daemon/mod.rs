@@ -250,6 +250,7 @@ async fn serve(
             download_dir: settings.download_dir.clone(),
             skip_installation: settings.skip_installation,
             host_info: facts.host_info.clone(),
+            package_manager: settings.package_manager,
         },
         systemd.clone(),
         crate::cloudinit::TokioRunner,

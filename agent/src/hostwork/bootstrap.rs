@@ -268,6 +268,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         spec: config.spec.clone(),
                         download_dir: self.settings.download_dir.clone(),
                         root: self.settings.root.clone(),
+                        package_manager: self.settings.package_manager,
                     };
                     let manifest = self
                         .settings

@@ -324,6 +324,8 @@ pub struct WorkSettings {
     pub skip_installation: bool,
     /// This host's facts (the installer picks apt or dnf and checks the architecture).
     pub host_info: byoh_api::byohost::HostInfo,
+    /// `[host] package_manager`: overrides the package manager `host_info`'s OS implies.
+    pub package_manager: Option<crate::installer::PackageManager>,
 }
 
 /// The worker: one round of [`HostWorker::work`] per change of the ByoHost (and retries).

@@ -14,7 +14,7 @@ use super::{
 use crate::cli::PlanCommand;
 use crate::cloudinit::TokioRunner;
 use crate::config::{self, Settings};
-use crate::{EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, facts};
+use crate::{EXIT_CONFIG, facts};
 use byoh_api::installer::K8sInstallerConfigSpec;
 use std::path::{Path, PathBuf};
 
@@ -49,13 +49,7 @@ pub fn run(action: Action, config_path: &Path) -> u8 {
         }
         Action::Uninstall => uninstall_cmd(&settings),
     };
-    match result {
-        Ok(()) => EXIT_OK,
-        Err(e) => {
-            eprintln!("byoh-agent: {e}");
-            EXIT_FAILURE
-        }
-    }
+    crate::cli::exit_status(result)
 }
 
 /// Reads a K8sInstallerConfig spec from YAML: a bare spec (`tarball: ...`) or a whole object
@@ -89,6 +83,7 @@ fn request(
             spec,
             download_dir: settings.download_dir.clone(),
             root: PathBuf::from("/"),
+            package_manager: settings.package_manager,
         },
         facts.host_info,
     ))

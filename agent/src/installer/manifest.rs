@@ -246,7 +246,9 @@ impl Change {
                     PackageManager::Apt => {
                         format!("apt-get purge {list}; put back the directories that were there")
                     }
-                    PackageManager::Dnf => format!("dnf remove {list}"),
+                    PackageManager::Dnf => format!(
+                        "dnf remove {list} (rpm -e for gpg-pubkey-*); delete dnf's cache of the repository"
+                    ),
                 }
             }
             Change::PackagesHeld { packages } => format!("apt-mark unhold {}", packages.join(" ")),

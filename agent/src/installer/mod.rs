@@ -107,6 +107,9 @@ pub struct InstallRequest {
     pub download_dir: PathBuf,
     /// The root every host path is joined under: `/` in production, a temp dir in tests.
     pub root: PathBuf,
+    /// The package manager of the `packages` source (`[host] package_manager`); `None`: the
+    /// one the host's OS implies ([`package_manager`]).
+    pub package_manager: Option<PackageManager>,
 }
 
 /// One change that [`install()`] would make or [`uninstall()`] would revert, in one line.

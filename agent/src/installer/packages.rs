@@ -4,11 +4,14 @@
 //! apt: the key from `keyURL` goes to /etc/apt/keyrings/byoh-kubernetes.asc (ASCII-armored) or
 //! `.gpg` (binary), the source to /etc/apt/sources.list.d/byoh-kubernetes.sources (`Suites: /`,
 //! the flat layout of pkgs.k8s.io), then `apt-get update`, `apt-get install PKG=VERSION...` and
-//! `apt-mark hold`. dnf: /etc/yum.repos.d/byoh-kubernetes.repo with `gpgkey=keyURL` and
-//! `exclude=` of the packages (the hold: plain `dnf upgrade` leaves them alone without the
-//! versionlock plugin), then `dnf install --disableexcludes=byoh-kubernetes PKG-VERSION...`.
-//! The installed package set is listed before and after, and exactly the packages added
-//! (dependencies included) are recorded, so uninstall removes those and nothing else.
+//! `apt-mark hold`. dnf: /etc/yum.repos.d/byoh-kubernetes.repo with `gpgkey=keyURL`,
+//! `gpgcheck=1` and `repo_gpgcheck=1` (packages and the repository metadata signed, as apt's
+//! `InRelease`), `skip_if_unavailable=False` (a repository that fails is an error, not skipped)
+//! and `exclude=` of the packages (the hold: plain `dnf upgrade` leaves them alone
+//! without the versionlock plugin), then `dnf install --disableexcludes=byoh-kubernetes
+//! PKG-VERSION...`. The installed package set is listed before and after, and exactly the
+//! packages added (dependencies included, and the `gpg-pubkey` dnf imports into the rpm
+//! database) are recorded, so uninstall removes those and nothing else.
 
 use super::{
     Applier, Change, Commands, InstallError, PACKAGE_COMMAND_TIMEOUT, PackageManager, Placement,
@@ -28,6 +31,12 @@ pub const APT_KEYRING_STEM: &str = "/etc/apt/keyrings/byoh-kubernetes";
 pub const DNF_REPO: &str = "/etc/yum.repos.d/byoh-kubernetes.repo";
 /// The dnf repository id.
 pub const DNF_REPO_ID: &str = "byoh-kubernetes";
+/// Where dnf caches a repository's metadata and, with `repo_gpgcheck`, the keyring it trusts
+/// for it (`<id>-<hash of the URL>/pubring`).
+pub const DNF_CACHE: &str = "/var/cache/dnf";
+/// The name of the packages in which rpm keeps imported signing keys (`gpg-pubkey-KEYID-DATE`):
+/// dnf does not remove them (`dnf remove` skips them without an error); `rpm -e` does.
+const RPM_KEY_PACKAGE: &str = "gpg-pubkey-";
 /// The packages installed.
 pub const PACKAGES: &[&str] = &["kubeadm", "kubelet", "kubectl"];
 
@@ -154,7 +163,7 @@ impl PackageSteps {
             PackageManager::Dnf => {
                 let repo = format!(
                     "# Written by byoh-agent (K8sInstallerConfig packages source); removed when the host is released.\n\
-                     [{DNF_REPO_ID}]\nname=Kubernetes (byoh-agent)\nbaseurl={}\nenabled=1\ngpgcheck=1\ngpgkey={}\nexclude={}\n",
+                     [{DNF_REPO_ID}]\nname=Kubernetes (byoh-agent)\nbaseurl={}\nenabled=1\ngpgcheck=1\nrepo_gpgcheck=1\nskip_if_unavailable=False\ngpgkey={}\nexclude={}\n",
                     self.repository,
                     self.key_url,
                     PACKAGES.join(" ")
@@ -288,12 +297,17 @@ impl PackageSteps {
             ],
         };
         cmd.extend(requested.iter().cloned());
+        // dnf reads the repository here (apt did in `apt-get update`): its hint covers both.
+        let hint = match self.manager {
+            PackageManager::Apt => {
+                "check that the repository has these versions (packages.versionPin)"
+            }
+            PackageManager::Dnf => {
+                "check the repository URL (packages.dnfRepository), that packages.keyURL is the key its metadata and packages are signed with, that it has these versions (packages.versionPin), and this host's network"
+            }
+        };
         ctx.commands()
-            .run_pm(
-                &cmd,
-                PACKAGE_COMMAND_TIMEOUT,
-                "check that the repository has these versions (packages.versionPin)",
-            )
+            .run_pm(&cmd, PACKAGE_COMMAND_TIMEOUT, hint)
             .await?;
         let _ = std::fs::remove_dir_all(&archives);
         let after = snapshot(&ctx.commands(), self.manager).await?;
@@ -545,10 +559,16 @@ pub(super) async fn revert<R: CommandRunner>(
                 kept = keep;
                 present = purge;
             }
+            if *manager == PackageManager::Dnf {
+                forget_repository_cache(root)?;
+            }
             if present.is_empty() {
                 put_back(root, kept_dirs)?;
                 return Ok(kept);
             }
+            let (keys, present): (Vec<String>, Vec<String>) = present
+                .into_iter()
+                .partition(|p| *manager == PackageManager::Dnf && p.starts_with(RPM_KEY_PACKAGE));
             let mut cmd = match manager {
                 PackageManager::Apt => argv(&[
                     "env",
@@ -560,18 +580,54 @@ pub(super) async fn revert<R: CommandRunner>(
                 ]),
                 PackageManager::Dnf => argv(&["dnf", "remove", "-y"]),
             };
-            cmd.extend(present);
-            cmds.run_pm(
-                &cmd,
-                PACKAGE_COMMAND_TIMEOUT,
-                "remove the packages by hand, then run uninstall again",
-            )
-            .await?;
+            if !present.is_empty() {
+                cmd.extend(present);
+                cmds.run_pm(
+                    &cmd,
+                    PACKAGE_COMMAND_TIMEOUT,
+                    "remove the packages by hand, then run uninstall again",
+                )
+                .await?;
+            }
+            if !keys.is_empty() {
+                let mut cmd = argv(&["rpm", "-e"]);
+                cmd.extend(keys);
+                cmds.run_pm(
+                    &cmd,
+                    SHORT_COMMAND_TIMEOUT,
+                    "remove the imported signing key by hand (rpm -e gpg-pubkey-...), then run uninstall again",
+                )
+                .await?;
+            }
             put_back(root, kept_dirs)?;
         }
         _ => {}
     }
     Ok(kept)
+}
+
+/// Removes dnf's cache of the repository ([`DNF_CACHE`]`/byoh-kubernetes-*`): its metadata and
+/// the keyring `repo_gpgcheck` imported the key into, which dnf would go on trusting for the
+/// same URL after the release.
+fn forget_repository_cache(root: &Path) -> Result<(), InstallError> {
+    let cache = super::under(root, Path::new(DNF_CACHE));
+    let Ok(entries) = std::fs::read_dir(&cache) else {
+        return Ok(());
+    };
+    let prefix = format!("{DNF_REPO_ID}-");
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) || name.starts_with(&format!("{DNF_REPO_ID}.")) {
+            let p = e.path();
+            let r = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            r.map_err(InstallError::io("removing", &p))?;
+        }
+    }
+    Ok(())
 }
 
 /// Creates again those of `dirs` (sorted, parents first) that are gone, with their mode and

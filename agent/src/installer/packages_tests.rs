@@ -42,7 +42,7 @@ fn package_runner(
                 db.retain(|l| !names.contains(&l.split(' ').next().unwrap()));
                 (0, String::new())
             }
-            ["dnf", "remove", "-y", names @ ..] => {
+            ["dnf", "remove", "-y", names @ ..] | ["rpm", "-e", names @ ..] => {
                 db.retain(|l| !names.contains(&l.replacen(' ', "-", 1).as_str()));
                 (0, String::new())
             }
@@ -228,6 +228,8 @@ async fn apt_refuses_another_installed_version_before_installing() {
 async fn dnf_packages_command_sequence_and_revert() {
     let b = bed();
     let units = debian_like(&b);
+    // Another repository's dnf cache: it stays.
+    std::fs::create_dir_all(b.root.join("var/cache/dnf/appstream-1f2e3d4c5b6a7988")).unwrap();
     let before = tree(&b.root);
     let runner = package_runner(
         &["bash 5.1-1.el9"],
@@ -246,12 +248,21 @@ async fn dnf_packages_command_sequence_and_revert() {
     let m = install(&req, &os_rocky(), &units, &runner, &b.manifest)
         .await
         .unwrap();
+    // What dnf caches of the repository: metadata and the repo_gpgcheck keyring.
+    std::fs::create_dir_all(
+        b.root
+            .join("var/cache/dnf/byoh-kubernetes-4f13c4ca5d2ac8cc/pubring"),
+    )
+    .unwrap();
+    std::fs::write(b.root.join("var/cache/dnf/byoh-kubernetes.solv"), "x").unwrap();
     let repo =
         std::fs::read_to_string(b.root.join("etc/yum.repos.d/byoh-kubernetes.repo")).unwrap();
     assert!(
         repo.contains("[byoh-kubernetes]\n")
             && repo.contains("baseurl=https://pkgs.k8s.io/core:/stable:/v1.36/rpm/\n")
-            && repo.contains("gpgcheck=1\n")
+            && repo.contains("\ngpgcheck=1\n")
+            && repo.contains("\nrepo_gpgcheck=1\n")
+            && repo.contains("\nskip_if_unavailable=False\n")
             && repo.contains("exclude=kubeadm kubelet kubectl\n"),
         "{repo}"
     );
@@ -267,6 +278,22 @@ async fn dnf_packages_command_sequence_and_revert() {
     uninstall(&b.manifest, &b.root, &units, &runner)
         .await
         .unwrap();
-    assert!(runner.calls()[n..].contains(&"dnf remove -y gpg-pubkey-9a296436-6499f3a4 kubeadm-1.36.3-150500.1.1 kubectl-1.36.3-150500.1.1 kubelet-1.36.3-150500.1.1".to_string()), "{:?}", runner.calls());
-    assert_eq!(tree(&b.root), before);
+    // dnf remove skips gpg-pubkey packages without an error: rpm -e removes the key.
+    assert_eq!(
+        runner.calls()[n..]
+            .iter()
+            .filter(|c| c.starts_with("dnf remove") || c.starts_with("rpm -e"))
+            .collect::<Vec<_>>(),
+        [
+            "dnf remove -y kubeadm-1.36.3-150500.1.1 kubectl-1.36.3-150500.1.1 kubelet-1.36.3-150500.1.1",
+            "rpm -e gpg-pubkey-9a296436-6499f3a4"
+        ],
+        "{:?}",
+        runner.calls()
+    );
+    assert_eq!(
+        tree(&b.root),
+        before,
+        "dnf's cache of the repository removed, the rest as before"
+    );
 }

@@ -118,6 +118,25 @@ fn invalid_requests_are_refused_with_the_field() {
     )
     .unwrap_err();
     assert!(matches!(e, InstallError::UnsupportedOs { .. }), "{e}");
+    assert!(e.to_string().contains("[host] package_manager"), "{e}");
+    // `[host] package_manager` overrides what the OS implies, both ways.
+    for (os, manager, want) in [
+        (
+            os_debian(),
+            PackageManager::Dnf,
+            "create /etc/yum.repos.d/byoh-kubernetes.repo",
+        ),
+        (os_rocky(), PackageManager::Apt, "apt-get update"),
+    ] {
+        let mut req = request(&b, apt_spec("https://k"));
+        req.package_manager = Some(manager);
+        let plan = plan_install(&req, &os).unwrap();
+        assert!(
+            plan.iter().any(|p| p.summary.starts_with(want)),
+            "{manager:?} on {}: {plan:?}",
+            os.os_name
+        );
+    }
     // A newline would add `Trusted: yes` to the apt source: refused before anything is done,
     // also in a field the host's package manager does not use.
     for (field, set) in [("packages.aptRepository", 0), ("packages.dnfRepository", 1)] {

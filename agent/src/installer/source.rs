@@ -33,6 +33,12 @@ pub fn package_manager(os: &HostInfo) -> Option<PackageManager> {
     }
 }
 
+/// The package manager the installer uses for `req` on `os`: the request's override, else the
+/// one the OS implies.
+pub(super) fn manager_for(req: &InstallRequest, os: &HostInfo) -> Option<PackageManager> {
+    req.package_manager.or_else(|| package_manager(os))
+}
+
 pub(super) fn source_of<'a>(
     req: &'a InstallRequest,
     os: &HostInfo,
@@ -74,10 +80,10 @@ pub(super) fn source_of<'a>(
     let p = s.packages.as_ref().ok_or_else(|| invalid("no source"))?;
     checks::packages(p)?;
     let os_text = format!("{} {}", os.os_name, os.os_version);
-    let manager = package_manager(os).ok_or_else(|| InstallError::UnsupportedOs {
+    let manager = manager_for(req, os).ok_or_else(|| InstallError::UnsupportedOs {
         source_kind: "packages",
         os: os_text.clone(),
-        message: "neither apt (Debian, Ubuntu) nor dnf (RHEL family)".into(),
+        message: "neither apt (Debian, Ubuntu) nor dnf (RHEL family); set [host] package_manager if the host has one of them".into(),
     })?;
     match manager {
         PackageManager::Apt => {

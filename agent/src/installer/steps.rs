@@ -2,7 +2,7 @@
 //! drop-in, modules, sysctls, containerd's cgroup driver).
 
 use super::probe::containerd_present;
-use super::source::{Source, package_manager};
+use super::source::{Source, manager_for};
 use super::{
     BIN_DIR, CNI_BIN_DIR, InstallRequest, KUBEADM_DROPIN_PATH, KUBELET_UNIT, KUBELET_UNIT_PATH,
     MODULES, MODULES_FILE, PackageManager, SYSCTL_FILE, SYSCTLS, packages,
@@ -241,7 +241,7 @@ pub(super) fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) ->
             });
             v.push(Step::File {
                 path: KUBEADM_DROPIN_PATH.into(),
-                content: Content::Text(kubeadm_dropin(package_manager(os))),
+                content: Content::Text(kubeadm_dropin(manager_for(req, os))),
                 mode: 0o644,
             });
             v.push(Step::DaemonReload);

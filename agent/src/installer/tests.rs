@@ -287,6 +287,7 @@ pub(super) fn request(b: &Bed, spec: K8sInstallerConfigSpec) -> InstallRequest {
         spec,
         download_dir: b.downloads.clone(),
         root: b.root.clone(),
+        package_manager: None,
     }
 }
 
