@@ -318,7 +318,6 @@ const COUNTING: &str = "#cloud-config\nwrite_files:\n- path: /etc/byoh-test/kill
 /// counting its runs, a user with a sudo rule and a key, and a tmpfs mount.
 const KILL_DATA: &str = "#cloud-config\nbootcmd:\n- echo boot >> /run/byoh-boot-count\nusers:\n- name: killuser\n  sudo: ALL=(ALL) NOPASSWD:ALL\n  ssh_authorized_keys:\n  - ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKILL kill@example\nmounts:\n- [tmpfs, /var/lib/byoh-kill, tmpfs, size=1m]\nwrite_files:\n- path: /etc/byoh-test/kill/a.conf\n  content: \"a\\n\"\n- path: /etc/byoh-test/kill/log\n  append: true\n  content: \"appended\\n\"\nruncmd:\n- cd /run && export BYOH_THIRD=three && echo one >> byoh-count\n- [ \"/usr/local/bin/kubeadm\", \"join\", \"--config\", \"/etc/byoh-test/kill/a.conf\" ]\n- echo \"$BYOH_THIRD\" >> byoh-count\n- \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"\n";
 
-
 /// Registers `host` (a fresh boot) in `ns`; the ByoHost API.
 async fn register_in(client: &kube::Client, ns: &str, host: &Host) -> Api<ByoHost> {
     agent::register_in(client, ns, host).await.unwrap()
