@@ -3,8 +3,8 @@
 //! each recorded in `state.json` before and after it runs.
 
 use super::{
-    BootstrapStep, HostWorker, PROVIDER_ID_DROPIN, RUNTIME_DIRS, SENTINEL, WorkError,
-    bootstrap_steps, failpoint, io, provider_id_dropin, provisioned_conditions, restore,
+    BootstrapStep, HostWorker, PROVIDER_ID_DROPIN, RUNTIME_DIR_PARENTS, RUNTIME_DIRS, SENTINEL,
+    WorkError, bootstrap_steps, failpoint, io, provider_id_dropin, provisioned_conditions, restore,
 };
 use crate::cloudinit::{self, CommandRunner, InstanceData, ValidateOptions};
 use crate::fsutil::under;
@@ -51,6 +51,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 outcome: None,
                 preexisting_dirs: RUNTIME_DIRS
                     .iter()
+                    .chain(RUNTIME_DIR_PARENTS)
                     .filter(|d| under(&self.settings.root, Path::new(d)).exists())
                     .map(PathBuf::from)
                     .collect(),

@@ -4,7 +4,8 @@
 //! the work loop retries with backoff.
 
 use super::{
-    CLEANUP_STEPS, CleanupStep, HostWorker, RUNTIME_DIRS, WorkError, failpoint, io, reset, restore,
+    CLEANUP_STEPS, CleanupStep, HostWorker, RUNTIME_DIR_PARENTS, RUNTIME_DIRS, WorkError,
+    failpoint, io, reset, restore,
 };
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
@@ -254,11 +255,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                             }
                         }
                         me.revert_host_changes(w).await?;
-                        for d in RUNTIME_DIRS {
-                            if !w.preexisting_dirs.iter().any(|p| p == Path::new(d)) {
-                                crate::mounts::remove_tree(&under(root, Path::new(d)))?;
-                            }
-                        }
+                        remove_runtime_dirs(root, &w.preexisting_dirs)?;
                     }
                     let backups = me.settings.state_dir.join("backups");
                     let _ = std::fs::remove_dir_all(&backups);
@@ -302,6 +299,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .unwrap_or_default();
                 let network_before = state.claim.as_ref().and_then(|w| w.network_before.clone());
                 self.cleanup_step(state, next, |me| async move {
+                    // A service the uninstall restarted may have made runtime directories
+                    // again after remove-files (containerd's CRI plugin creates /etc/cni/net.d
+                    // at every start; found by the kill test): remove them the same way.
+                    remove_runtime_dirs(&me.settings.root, &preexisting)?;
                     let claim = super::verify::Claim {
                         preexisting_dirs: &preexisting,
                         network_before: network_before.as_ref(),
@@ -340,4 +341,46 @@ pub(super) async fn stop_kubelet<U: UnitManager>(units: &U) -> Result<(), WorkEr
         units.stop(KUBEPODS_SLICE).await?;
     }
     Ok(())
+}
+
+/// Removes the [`RUNTIME_DIRS`] the claim did not find (`preexisting`), never deleting behind a
+/// mount ([`crate::mounts::remove_tree`]), then those of [`RUNTIME_DIR_PARENTS`] it did not
+/// find, when they are empty.
+fn remove_runtime_dirs(root: &Path, preexisting: &[std::path::PathBuf]) -> Result<(), WorkError> {
+    let found = |d: &str| preexisting.iter().any(|p| p == Path::new(d));
+    for d in RUNTIME_DIRS.iter().filter(|d| !found(d)) {
+        crate::mounts::remove_tree(&under(root, Path::new(d)))?;
+    }
+    for d in RUNTIME_DIR_PARENTS.iter().filter(|d| !found(d)) {
+        // Only when empty: remove_dir refuses a directory that still holds something.
+        let _ = std::fs::remove_dir(under(root, Path::new(d)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// containerd's `mkdir -p /etc/cni/net.d` after remove-files: both go when the claim did
+    /// not find them; a parent the claim found, or one that holds something, stays.
+    #[test]
+    fn runtime_dirs_a_restarted_service_made_again_are_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let mk = |p: &str| std::fs::create_dir_all(under(root.path(), Path::new(p))).unwrap();
+        let exists = |p: &str| under(root.path(), Path::new(p)).exists();
+
+        mk("/etc/cni/net.d");
+        remove_runtime_dirs(root.path(), &[]).unwrap();
+        assert!(!exists("/etc/cni/net.d") && !exists("/etc/cni"));
+
+        mk("/etc/cni/net.d");
+        remove_runtime_dirs(root.path(), &["/etc/cni".into()]).unwrap();
+        assert!(!exists("/etc/cni/net.d") && exists("/etc/cni"), "found by the claim");
+
+        mk("/etc/cni/net.d");
+        mk("/etc/cni/bin");
+        remove_runtime_dirs(root.path(), &[]).unwrap();
+        assert!(!exists("/etc/cni/net.d") && exists("/etc/cni/bin"), "not empty");
+    }
 }

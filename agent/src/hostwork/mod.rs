@@ -58,6 +58,10 @@ pub const RUNTIME_DIRS: &[&str] = &[
     "/run/cluster-api",
     "/etc/systemd/system/kubelet.service.d",
 ];
+/// Parents of [`RUNTIME_DIRS`] that are made with them (containerd's CRI plugin runs
+/// `mkdir -p /etc/cni/net.d` at every start): recorded at the claim like the runtime
+/// directories, and removed on clean-up when they did not exist before and are empty.
+pub const RUNTIME_DIR_PARENTS: &[&str] = &["/etc/cni"];
 /// Environment variable naming a failpoint: `pause-before:<step>` makes the agent stop (and
 /// say so in `STATUS=`) just before that step, so tests can kill it at a step boundary.
 pub const FAILPOINT_ENV: &str = "BYOH_FAILPOINT";
