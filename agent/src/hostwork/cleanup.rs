@@ -376,11 +376,17 @@ mod tests {
 
         mk("/etc/cni/net.d");
         remove_runtime_dirs(root.path(), &["/etc/cni".into()]).unwrap();
-        assert!(!exists("/etc/cni/net.d") && exists("/etc/cni"), "found by the claim");
+        assert!(
+            !exists("/etc/cni/net.d") && exists("/etc/cni"),
+            "found by the claim"
+        );
 
         mk("/etc/cni/net.d");
         mk("/etc/cni/bin");
         remove_runtime_dirs(root.path(), &[]).unwrap();
-        assert!(!exists("/etc/cni/net.d") && exists("/etc/cni/bin"), "not empty");
+        assert!(
+            !exists("/etc/cni/net.d") && exists("/etc/cni/bin"),
+            "not empty"
+        );
     }
 }
