@@ -162,6 +162,11 @@ pub struct ClaimWork {
     /// a record of an agent that did not keep it (then those two checks are skipped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_before: Option<NetworkSnapshot>,
+    /// The host of the Cluster's control-plane endpoint when the claim began
+    /// (`spec.claim.controlPlaneEndpoint.host`): if the claim added this address to one of the
+    /// host's interfaces (kube-vip's virtual IP), the clean-up removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
     /// Users, mounts and services the bootstrap changed (cloud-config `users`, `mounts`,
     /// `ntp`), undone on clean-up.
     #[serde(default, skip_serializing_if = "HostChanges::is_empty")]
@@ -401,6 +406,7 @@ mod tests {
             outcome: None,
             preexisting_dirs: vec![],
             network_before: None,
+            control_plane_endpoint: None,
             host_changes: Default::default(),
         }
     }

@@ -583,6 +583,7 @@ mod tests {
                 outcome,
                 preexisting_dirs: vec![],
                 network_before: None,
+                control_plane_endpoint: None,
                 host_changes: Default::default(),
             }),
             ..Default::default()

@@ -61,6 +61,10 @@ fn byohost() {
                 kubernetes_version: Some("v1.36.1".into()),
                 provider_id: "byoh://worker-01/abc123".into(),
                 claimed_at: Some(time()),
+                control_plane_endpoint: Some(byoh_api::common::ApiEndpoint {
+                    host: "198.51.100.7".into(),
+                    port: 6443,
+                }),
                 release_requested: true,
             }),
             needs_cleanup: Some(NeedsCleanup {

@@ -445,6 +445,33 @@ pub async fn claim_host_installing(
     secret: &str,
     installer: Option<(&str, &str)>,
 ) -> anyhow::Result<()> {
+    let extra = match installer {
+        Some((config, version)) => serde_json::json!({
+            "installerRef": {
+                "apiGroup": byoh_api::GROUP,
+                "kind": "K8sInstallerConfig",
+                "name": config,
+            },
+            "kubernetesVersion": version,
+        }),
+        None => serde_json::json!({}),
+    };
+    claim_host_with(client, namespace, name, machine, uid, secret, extra).await
+}
+
+/// Like [`claim_host`], with the fields of the JSON object `extra` added to the claim (e.g.
+/// `controlPlaneEndpoint`, as the controller copies it from the Cluster).
+///
+/// Errors when the patch is refused.
+pub async fn claim_host_with(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    machine: &str,
+    uid: &str,
+    secret: &str,
+    extra: serde_json::Value,
+) -> anyhow::Result<()> {
     let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
     let mut claim = serde_json::json!({
         "machineRef": { "name": machine, "uid": uid },
@@ -452,13 +479,8 @@ pub async fn claim_host_installing(
         "bootstrapSecretRef": { "name": secret },
         "providerID": format!("byoh://{name}/{}", &uid[..uid.len().min(6)]),
     });
-    if let Some((config, version)) = installer {
-        claim["installerRef"] = serde_json::json!({
-            "apiGroup": byoh_api::GROUP,
-            "kind": "K8sInstallerConfig",
-            "name": config,
-        });
-        claim["kubernetesVersion"] = serde_json::json!(version);
+    if let (Some(c), serde_json::Value::Object(more)) = (claim.as_object_mut(), extra) {
+        c.extend(more);
     }
     let patch = serde_json::json!({ "spec": { "claim": claim } });
     hosts

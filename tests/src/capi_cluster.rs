@@ -125,9 +125,23 @@ impl CapiCluster<'_> {
         Ok(self.bed.capi("Machine").list(&lp).await?.items)
     }
 
-    /// The worker MachineDeployment's name as the templates make it: `<cluster>-md-0`.
-    pub fn machine_deployment(&self) -> String {
-        format!("{}-md-0", self.name)
+    /// The worker MachineDeployment's name: the cluster's one MachineDeployment (label
+    /// `cluster.x-k8s.io/cluster-name`): `<cluster>-md-0` as the default template names it,
+    /// `<cluster>-md-0-<random>` as the topology controller does.
+    ///
+    /// Errors when the cluster has not exactly one.
+    pub async fn machine_deployment(&self) -> anyhow::Result<String> {
+        let lp =
+            ListParams::default().labels(&format!("cluster.x-k8s.io/cluster-name={}", self.name));
+        let mds = self.bed.capi("MachineDeployment").list(&lp).await?.items;
+        match mds.as_slice() {
+            [md] => Ok(md.name_any()),
+            _ => anyhow::bail!(
+                "cluster {} has {} MachineDeployments, want 1",
+                self.name,
+                mds.len()
+            ),
+        }
     }
 
     /// Merge-patches the worker MachineDeployment with `patch`.
@@ -137,7 +151,7 @@ impl CapiCluster<'_> {
         self.bed
             .capi("MachineDeployment")
             .patch(
-                &self.machine_deployment(),
+                &self.machine_deployment().await?,
                 &PatchParams::default(),
                 &Patch::Merge(patch),
             )
@@ -204,7 +218,7 @@ impl CapiCluster<'_> {
         let (workload, _) = self.workload().await?;
         let nodes: Api<Node> = Api::all(workload);
         let mds = self.bed.capi("MachineDeployment");
-        let md = self.machine_deployment();
+        let md = self.machine_deployment().await?;
         wait_for(
             &format!("{n} worker Machines Running with Ready Nodes, MachineDeployment available"),
             timeout,

@@ -156,16 +156,18 @@ fn owner(api_version: &str, kind: &str, name: &str, uid: &str, controller: bool)
     }
 }
 
-/// Creates a Cluster (v1beta2, infrastructureRef to a ByoCluster of the same name) and the
-/// ByoCluster (endpoint host set, port unset) owned by it and labelled with the cluster name,
-/// as CAPI's Cluster controller leaves them. Status is not set.
+/// Creates a Cluster (v1beta2, infrastructureRef to a ByoCluster of the same name, the
+/// ByoCluster's endpoint copied with port 6443) and the ByoCluster (endpoint host set, port
+/// unset) owned by it and labelled with the cluster name, as CAPI's Cluster controller leaves
+/// them. Status is not set.
 pub async fn create_cluster(client: &Client, ns: &str, name: &str) -> (DynamicObject, ByoCluster) {
     let cluster: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2",
         "kind": "Cluster",
         "metadata": {"name": name, "namespace": ns},
         "spec": {
-            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ByoCluster", "name": name}
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ByoCluster", "name": name},
+            "controlPlaneEndpoint": {"host": "192.0.2.10", "port": 6443}
         }
     }))
     .unwrap();

@@ -33,7 +33,10 @@
 //! (the bootstrap template changed to a copy): the new Machine on the free host, the old host
 //! released and clean, no Node of it left. Delete the Cluster: every Machine gone, every host
 //! `Available` and clean, no ByoMachine or ByoCluster left, no host's Role granting a Secret or
-//! K8sInstallerConfig, the cluster's Secrets garbage-collected.
+//! K8sInstallerConfig, the cluster's Secrets garbage-collected; the control-plane host's
+//! `cni0` and endpoint address removed by the agent's clean-up, without help. Then the
+//! ClusterClass flavor (`--flavor topology`, the ClusterClass added by `clusterctl generate`)
+//! on the same hosts: created, Available with the same checks, deleted the same way.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
 //! journals and the objects' states. Each phase's duration is printed at the end.
@@ -59,18 +62,25 @@ fn endpoint_ip() -> String {
 }
 /// The name of the cluster.
 const CLUSTER: &str = "capi-e2e";
+/// The name of the cluster made from the ClusterClass (`--flavor topology`) after the first
+/// one is deleted.
+const TOPOLOGY_CLUSTER: &str = "capi-e2e-cc";
 /// How long a paused cluster is watched for a claim or a release that must not happen.
 const PAUSE_WINDOW: Duration = Duration::from_secs(20);
 
-/// Applies the generated cluster and follows it until Cluster API reports it Available.
-async fn create(c: &CapiCluster<'_>) -> anyhow::Result<()> {
+/// Applies the cluster generated with `flavor` (the default one when `None`) and follows it
+/// until Cluster API reports it Available.
+async fn create(c: &CapiCluster<'_>, flavor: Option<&str>) -> anyhow::Result<()> {
     let bed = c.bed;
-    let yaml = c.generate(None, &endpoint_ip())?;
+    let yaml = c.generate(flavor, &endpoint_ip())?;
     ensure!(!yaml.contains("${"), "unsubstituted variable in:\n{yaml}");
     let yaml = skip_system_verification(&yaml)?;
     apply_yaml(&bed.admin, &yaml, false).await?;
-    bed.phases
-        .done("cluster generated and applied as generated");
+    bed.phases.done(&format!(
+        "{}: generated ({} flavor) and applied as generated",
+        c.name,
+        flavor.unwrap_or("default")
+    ));
 
     // KCP creates the first control-plane Machine; our controller gives it a host.
     let (cp_machine, cp_host_name) = wait_for(
@@ -181,7 +191,7 @@ async fn create(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     c.wait_available(Duration::from_secs(300)).await?;
     bed.phases
         .done("Cluster Available (Cluster API's conditions)");
-    eprintln!("{}", bed.describe(CLUSTER)?);
+    eprintln!("{}", bed.describe(c.name)?);
     let claimed = c.claimed_hosts().await?;
     ensure!(claimed.len() == 2, "claimed ByoHosts {claimed:?}, want 2");
     for h in &claimed {
@@ -278,8 +288,9 @@ async fn rollout(c: &CapiCluster<'_>, old: &str, free: &str) -> anyhow::Result<(
         "v1beta2",
         "KubeadmConfigTemplate",
     );
-    let md0 = templates.get(&c.machine_deployment()).await?;
-    let copy_name = format!("{}-rollout", c.machine_deployment());
+    let md = c.machine_deployment().await?;
+    let md0 = templates.get(&md).await?;
+    let copy_name = format!("{md}-rollout");
     let copy = serde_json::json!({
         "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
         "kind": "KubeadmConfigTemplate",
@@ -341,43 +352,18 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     }
     .context("no control-plane host")?;
     bed.capi("Cluster")
-        .delete(CLUSTER, &DeleteParams::default())
+        .delete(c.name, &DeleteParams::default())
         .await?;
-    // The control-plane host's clean-up stops at what the claim left outside files and units,
-    // naming the fix: the bridge CNI's `cni0` (CoreDNS's pods ran there; the bridge plugin does
-    // not remove it, nor does `kubeadm reset`) and the endpoint address (the kube-vip stand-in's:
-    // kube-vip would drop it as it stops). The test applies the named fixes, as the operator and
-    // kube-vip would; the agent checks again and releases the host.
-    let message = wait_for(
-        "the control-plane host's clean-up to name what the claim left",
-        Duration::from_secs(300),
-        || async {
-            let h = serde_json::to_value(c.byohosts().get(&cp_host).await?)?;
-            Ok(h["status"]["conditions"]
-                .as_array()
-                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-                .and_then(|c| c["message"].as_str())
-                .filter(|m| m.contains("is still there"))
-                .map(str::to_string))
-        },
-    )
-    .await?;
-    let vip = format!("{}/32", endpoint_ip());
-    ensure!(
-        message.contains(&format!("ip addr del {vip} dev host0")),
-        "the control-plane host's clean-up reports: {message}"
-    );
-    let host = bed.host(&cp_host)?;
-    if message.contains("ip link delete cni0") {
-        host.run(&["ip", "link", "delete", "cni0"]).await?;
-    }
-    host.run(&["ip", "addr", "del", &vip, "dev", "host0"])
-        .await?;
+    // What the claim left on the control-plane host's network goes with the clean-up, without
+    // anyone's help: the bridge CNI's `cni0` (CoreDNS's pods ran there; neither the bridge
+    // plugin nor `kubeadm reset` removes it) and the endpoint address (the kube-vip stand-in's,
+    // as a kube-vip killed before it could drop it would leave it): the agent removes the
+    // interface the claim created and the Cluster's endpoint address the claim added.
     wait_for(
         "the Cluster and every Machine gone",
         Duration::from_secs(600),
         || async {
-            let cluster = bed.capi("Cluster").get_opt(CLUSTER).await?;
+            let cluster = bed.capi("Cluster").get_opt(c.name).await?;
             let machines = bed
                 .capi("Machine")
                 .list(&ListParams::default())
@@ -391,6 +377,14 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         c.wait_released_clean(host.name(), Duration::from_secs(300))
             .await?;
     }
+    let vip = format!("{}/32", endpoint_ip());
+    let host = bed.host(&cp_host)?;
+    let links = host.run(&["ip", "-br", "link"]).await?;
+    let addresses = host.run(&["ip", "-br", "addr"]).await?;
+    ensure!(
+        !links.contains("cni0") && !addresses.contains(&vip),
+        "the control-plane host keeps the claim's network: {links}{addresses}"
+    );
     let bms = c.byomachines().list(&ListParams::default()).await?.items;
     ensure!(bms.is_empty(), "ByoMachines left: {bms:?}");
     let bcs = bed
@@ -430,18 +424,20 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         Duration::from_secs(120),
         || async {
             let left = secrets.list(&ListParams::default()).await?.items;
-            Ok((!left.iter().any(|s| s.name_any().starts_with(CLUSTER))).then_some(()))
+            Ok((!left.iter().any(|s| s.name_any().starts_with(c.name))).then_some(()))
         },
     )
     .await?;
-    bed.phases
-        .done("Cluster deleted: Machines gone, every host Available and clean");
+    bed.phases.done(&format!(
+        "{}: deleted, Machines gone, every host Available and clean",
+        c.name
+    ));
     Ok(())
 }
 
 async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
     let c = CapiCluster { bed, name: CLUSTER };
-    create(&c).await?;
+    create(&c, None).await?;
     let workers = scale_up_while_paused(&c).await?;
     let worker = scale_down(&c, &workers).await?;
     let claimed = c.claimed_hosts().await?;
@@ -452,7 +448,16 @@ async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
         .find(|h| !claimed.contains(h))
         .context("no free host for the rollout")?;
     rollout(&c, &worker, &free).await?;
-    delete(&c).await
+    delete(&c).await?;
+    // The ClusterClass flavor on the same hosts, back in the pool: Cluster API's topology
+    // controller makes the KubeadmControlPlane, MachineDeployment and templates from the
+    // ClusterClass `clusterctl generate` adds; the cluster works and goes the same way.
+    let topology = CapiCluster {
+        bed,
+        name: TOPOLOGY_CLUSTER,
+    };
+    create(&topology, Some("topology")).await?;
+    delete(&topology).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -463,7 +468,14 @@ async fn cluster_api_makes_scales_and_deletes_a_cluster_on_byoh_hosts() {
     let bed = CapiBed::start(3).await.unwrap();
     let result = scenario(&bed).await;
     if let Err(e) = &result {
-        eprintln!("{}", bed.diagnostics(CLUSTER).await);
+        // The cluster the failing step worked on: the ClusterClass one once it exists.
+        let topology = bed.capi("Cluster").get_opt(TOPOLOGY_CLUSTER).await;
+        let current = if matches!(topology, Ok(Some(_))) {
+            TOPOLOGY_CLUSTER
+        } else {
+            CLUSTER
+        };
+        eprintln!("{}", bed.diagnostics(current).await);
         panic!("{e:#}");
     }
     eprintln!("{}", bed.phases.table());

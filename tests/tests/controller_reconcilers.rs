@@ -186,6 +186,12 @@ async fn happy_path_claim_provision_and_normal_release() {
     );
     assert!(claim.claimed_at.is_some());
     assert!(!claim.release_requested);
+    // The Cluster's endpoint, for the agent's clean-up (kube-vip's address).
+    let endpoint = claim.control_plane_endpoint.clone().unwrap();
+    assert_eq!(
+        (endpoint.host.as_str(), endpoint.port),
+        ("192.0.2.10", 6443)
+    );
     let hl = host.labels();
     assert_eq!(hl.get(labels::CLUSTER_NAME).map(String::as_str), Some("c1"));
     assert_eq!(hl.get(labels::MACHINE_NAME).map(String::as_str), Some("m1"));

@@ -11,12 +11,13 @@
 //! - a host left unclean after every clean-up step (a process of the host on etcd's peer port)
 //!   is quarantined (`Quarantined`, naming the port and the process, phase `CleaningUp`) until
 //!   it is fixed, then offered again without any other action;
-//! - on a host with a network of its own, what a claim's networking leaves (an address added to
-//!   the NIC as kube-vip adds the control-plane endpoint, a CNI interface, a container in
-//!   containerd's `k8s.io` namespace) quarantines the host with each leftover and its fix, and
-//!   the host is offered again once they are removed from outside; a KUBE-* iptables chain the
-//!   claim created is removed by the agent (with the jump into it), one older than the claim is
-//!   left alone.
+//! - on a host with a network of its own, what a claim's networking leaves: the agent removes
+//!   the CNI bridge the claim created, the Cluster's control-plane endpoint address the claim
+//!   added to the NIC (kube-vip's) and a KUBE-* iptables chain the claim created (with the jump
+//!   into it); it leaves alone a chain older than the claim and another program's interface;
+//!   what it may not remove (a veth peer, another address, a container in containerd's `k8s.io`
+//!   namespace) quarantines the host with each leftover and its fix, and the host is offered
+//!   again once they are removed from outside.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -118,11 +119,25 @@ async fn claim_with(
     uid: &str,
     data: &str,
 ) {
+    claim_for_cluster(client, ns, hosts, name, uid, data, serde_json::json!({})).await
+}
+
+/// [`claim_with`], with the fields of `extra` in the claim (as the controller copies them from
+/// the Cluster).
+async fn claim_for_cluster(
+    client: &kube::Client,
+    ns: &str,
+    hosts: &Api<ByoHost>,
+    name: &str,
+    uid: &str,
+    data: &str,
+    extra: serde_json::Value,
+) {
     let secret = format!("{uid}-bootstrap");
     agent::create_bootstrap_secret(client, ns, &secret, data)
         .await
         .unwrap();
-    agent::claim_host(client, ns, name, &format!("m-{uid}"), uid, &secret)
+    agent::claim_host_with(client, ns, name, &format!("m-{uid}"), uid, &secret, extra)
         .await
         .unwrap();
     wait_phase(hosts, name, "Provisioned", 60).await;
@@ -506,12 +521,18 @@ async fn a_host_left_unclean_after_the_clean_up_is_quarantined_until_it_is_clean
 }
 
 /// Bootstrap data that leaves what a claim's networking leaves: kube-vip's control-plane
-/// endpoint on the NIC, a CNI bridge (as flannel's cni0), a KUBE-* chain of kube-proxy with a
-/// jump to it (removed by the agent), and a container in containerd's `k8s.io` namespace (without an image: a rootfs).
+/// endpoint on the NIC and a CNI bridge (as the bridge plugin's and flannel's cni0), both
+/// removed by the agent; a KUBE-* chain of kube-proxy with a jump to it (removed by the agent);
+/// a pod's veth peer whose namespace is gone, another address and a container in containerd's
+/// `k8s.io` namespace (without an image: a rootfs), which the agent names and leaves; and an
+/// interface of another program (`virbr7`), which the agent leaves alone.
 const NETWORK_DATA: &str = "#cloud-config
 runcmd:
 - ip addr add 198.18.0.250/32 dev host0
+- ip addr add 198.18.0.251/32 dev host0
 - ip link add cni0 type bridge
+- ip link add vethbyoh0 type veth peer name vethbyoh1
+- ip link add virbr7 type dummy
 - iptables -t nat -N KUBE-TEST && iptables -t nat -A PREROUTING -j KUBE-TEST
 - mkdir -p /srv/rootfs && ctr -n k8s.io containers create --rootfs /srv/rootfs byoh-test-left
 - \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"
@@ -576,7 +597,18 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
             .await
             .unwrap();
     }
-    claim_with(&client, ns.name(), &hosts, &name, "uid-net-0001", &data).await;
+    // The Cluster's endpoint is 198.18.0.250 (the claim carries it, as the controller copies
+    // it from the Cluster): the agent removes that address, not the other one.
+    claim_for_cluster(
+        &client,
+        ns.name(),
+        &hosts,
+        &name,
+        "uid-net-0001",
+        &data,
+        serde_json::json!({ "controlPlaneEndpoint": { "host": "198.18.0.250", "port": 6443 } }),
+    )
+    .await;
     agent::request_release(&client, ns.name(), &name)
         .await
         .unwrap();
@@ -593,16 +625,41 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
     .unwrap();
     eprintln!("Quarantined: {}", cond.message);
     let m = &cond.message;
+    // Removed by the agent, as the real `ip` on the host shows: the CNI bridge and the
+    // endpoint address; left and named: the veth peer and the other address; left alone and
+    // not named: the other program's interface.
+    assert!(!m.contains("cni0") && !m.contains("198.18.0.250/"), "{m}");
+    let links = host.run(&["ip", "-br", "link"]).await.unwrap();
+    let addresses = host.run(&["ip", "-br", "addr"]).await.unwrap();
     assert!(
-        m.contains("interface cni0 was created during the claim")
-            && m.contains("ip link delete cni0"),
+        !links.contains("cni0") && links.contains("virbr7") && links.contains("vethbyoh0"),
+        "{links}"
+    );
+    assert!(
+        !addresses.contains("198.18.0.250/") && addresses.contains("198.18.0.251/32"),
+        "{addresses}"
+    );
+    let log = host
+        .journal_messages("byoh-agent")
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        log.contains("removed interface cni0, which the claim created")
+            && log.contains("removed address 198.18.0.250/32 on host0, which the claim created"),
+        "{log}"
+    );
+    assert!(
+        m.contains("interface vethbyoh0 was created during the claim")
+            && m.contains("ip link delete vethbyoh0"),
         "{m}"
     );
     assert!(
-        m.contains("address 198.18.0.250/32 on host0 was added during the claim")
-            && m.contains("ip addr del 198.18.0.250/32 dev host0"),
+        m.contains("address 198.18.0.251/32 on host0 was added during the claim")
+            && m.contains("ip addr del 198.18.0.251/32 dev host0"),
         "{m}"
     );
+    assert!(!m.contains("virbr7"), "{m}");
     assert!(
         !m.contains(&format!("{address}/")),
         "the host's own address is not the claim's: {m}"
@@ -639,10 +696,12 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
     assert_ne!(status.cleaned_machine_uid.as_deref(), Some("uid-net-0001"));
 
     // Removed from outside, as the message says: the agent checks again and offers the host.
-    host.run(&["ip", "addr", "del", "198.18.0.250/32", "dev", "host0"])
+    host.run(&["ip", "addr", "del", "198.18.0.251/32", "dev", "host0"])
         .await
         .unwrap();
-    host.run(&["ip", "link", "delete", "cni0"]).await.unwrap();
+    host.run(&["ip", "link", "delete", "vethbyoh0"])
+        .await
+        .unwrap();
     host.run(&["ctr", "-n", "k8s.io", "containers", "rm", "byoh-test-left"])
         .await
         .unwrap();

@@ -56,6 +56,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .map(PathBuf::from)
                     .collect(),
                 network_before,
+                control_plane_endpoint: claim
+                    .control_plane_endpoint
+                    .as_ref()
+                    .map(|e| e.host.clone()),
                 host_changes: Default::default(),
             });
             self.save(state)?;

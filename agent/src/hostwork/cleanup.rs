@@ -298,6 +298,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .map(|w| w.preexisting_dirs.clone())
                     .unwrap_or_default();
                 let network_before = state.claim.as_ref().and_then(|w| w.network_before.clone());
+                let endpoint = state
+                    .claim
+                    .as_ref()
+                    .and_then(|w| w.control_plane_endpoint.clone());
                 self.cleanup_step(state, next, |me| async move {
                     // A service the uninstall restarted may have made runtime directories
                     // again after remove-files (containerd's CRI plugin creates /etc/cni/net.d
@@ -306,6 +310,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     let claim = super::verify::Claim {
                         preexisting_dirs: &preexisting,
                         network_before: network_before.as_ref(),
+                        control_plane_endpoint: endpoint.as_deref(),
                         scratch: &me.settings.state_dir,
                     };
                     let leftovers =

@@ -39,6 +39,56 @@ pub fn is_claim_link(name: &str) -> bool {
     CLAIM_LINK_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
+/// Name prefixes of pods' veth peers (the bridge plugin's and flannel's `veth*`, Calico's
+/// `cali*`, Cilium's `lxc*`). A pod's peer goes with its network namespace when the container is
+/// removed; one that is still there is attached to something else (a container engine's veths
+/// are named `veth*` too), so the clean-up reports it and never deletes it.
+pub const POD_PEER_PREFIXES: &[&str] = &["veth", "cali", "lxc"];
+
+/// What the clean-up removes from the host's network before it verifies: what the claim
+/// created and nothing else ([`network_removals`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkRemovals {
+    /// Interfaces to delete (`ip link delete NAME`).
+    pub links: Vec<String>,
+    /// Addresses to delete (`ip addr del CIDR dev DEV`).
+    pub addresses: Vec<HostAddress>,
+}
+
+/// The interfaces and addresses the claim created that the clean-up removes: interfaces with a
+/// Kubernetes networking name ([`is_claim_link`]) that did not exist when the claim began, but
+/// not pods' veth peers ([`POD_PEER_PREFIXES`]) nor `tunl0` (the `ipip` module's own device,
+/// which cannot be deleted); and the control-plane endpoint's address (`endpoint`, an IP; a DNS
+/// name gives none) where the claim added it to an interface that existed before (kube-vip's
+/// virtual IP, which kube-vip drops when it stops and keeps when it is killed). Other addresses
+/// added during the claim may be the operator's or DHCP's: they are reported, never removed.
+pub fn network_removals(
+    before: &NetworkSnapshot,
+    now: &NetworkSnapshot,
+    endpoint: Option<&str>,
+) -> NetworkRemovals {
+    let old_links: BTreeSet<&str> = before.links.iter().map(String::as_str).collect();
+    let links = now
+        .links
+        .iter()
+        .filter(|l| !old_links.contains(l.as_str()) && is_claim_link(l))
+        .filter(|l| l.as_str() != "tunl0" && !POD_PEER_PREFIXES.iter().any(|p| l.starts_with(p)))
+        .cloned()
+        .collect();
+    let endpoint: Option<std::net::IpAddr> = endpoint.and_then(|e| e.parse().ok());
+    let addresses = now
+        .addresses
+        .iter()
+        .filter(|a| old_links.contains(a.dev.as_str()) && !before.addresses.contains(a))
+        .filter(|a| {
+            let ip = a.cidr.split('/').next().unwrap_or_default();
+            endpoint.is_some_and(|e| ip.parse::<std::net::IpAddr>() == Ok(e))
+        })
+        .cloned()
+        .collect();
+    NetworkRemovals { links, addresses }
+}
+
 /// The tables of one `iptables-save` (or `ip6tables-save`) output.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SavedTable {

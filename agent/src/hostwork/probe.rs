@@ -147,29 +147,74 @@ fn find_tool(root: &Path, name: &str) -> Option<String> {
         .find(|p| under(root, p).exists())
 }
 
-/// Runs `argv` with its standard output in `scratch` (the runner keeps only standard error);
-/// `None` (logged) when it cannot start or fails.
-async fn output(runner: &impl CommandRunner, scratch: &Path, argv: &[String]) -> Option<String> {
+/// Runs `argv` with its standard output in `scratch` (the runner keeps only standard error):
+/// the output, or why it failed (exit status and standard error's tail, or why it did not
+/// start).
+async fn run(
+    runner: &impl CommandRunner,
+    scratch: &Path,
+    argv: &[String],
+) -> Result<String, String> {
     let out_file: PathBuf = scratch.join(".verify-output");
     let _ = std::fs::remove_file(&out_file);
     let wrapped = crate::cloudinit::stdout_to_file(argv, &out_file);
     let result = runner.run(&RawCommand::Argv(wrapped), PROBE_TIMEOUT).await;
     let text = std::fs::read_to_string(&out_file).unwrap_or_default();
     let _ = std::fs::remove_file(&out_file);
-    let command = argv.join(" ");
     match result {
-        Ok(o) if o.exit.success() => Some(text),
-        Ok(o) => {
-            tracing::info!(
-                "verify: {command} failed ({}): {}; not checked",
-                o.exit,
-                stderr_tail(&o.stderr)
-            );
-            None
-        }
-        Err(e) => {
-            tracing::info!("verify: starting {command}: {e}; not checked");
-            None
+        Ok(o) if o.exit.success() => Ok(text),
+        Ok(o) => Err(format!(
+            "{} ({}): {}",
+            argv.join(" "),
+            o.exit,
+            stderr_tail(&o.stderr)
+        )),
+        Err(e) => Err(format!("starting {}: {e}", argv.join(" "))),
+    }
+}
+
+/// [`run`] for a listing: `None` (logged) when it cannot start or fails.
+async fn output(runner: &impl CommandRunner, scratch: &Path, argv: &[String]) -> Option<String> {
+    run(runner, scratch, argv)
+        .await
+        .inspect_err(|e| tracing::info!("verify: {e}; not checked"))
+        .ok()
+}
+
+/// Removes what [`leftovers::network_removals`] decided with `ip` (iproute2): each interface
+/// (`ip link delete`), then each address (`ip addr del`). Each removal is logged; a failure (or
+/// no `ip` on the host) is logged and left to `verify`, which reports what is still there.
+pub async fn remove_claim_network(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+    removals: &leftovers::NetworkRemovals,
+) {
+    if removals.links.is_empty() && removals.addresses.is_empty() {
+        return;
+    }
+    let Some(ip) = find_tool(root, "ip") else {
+        tracing::warn!(
+            "verify: no ip command (iproute2) on the host; the interfaces and addresses the claim created are not removed"
+        );
+        return;
+    };
+    let commands = removals
+        .links
+        .iter()
+        .map(|l| (vec!["link", "delete", l.as_str()], format!("interface {l}")))
+        .chain(removals.addresses.iter().map(|a| {
+            (
+                vec!["addr", "del", a.cidr.as_str(), "dev", a.dev.as_str()],
+                format!("address {} on {}", a.cidr, a.dev),
+            )
+        }));
+    for (args, what) in commands {
+        let mut argv = vec![ip.clone()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        match run(runner, scratch, &argv).await {
+            Ok(_) => tracing::info!("verify: removed {what}, which the claim created"),
+            Err(e) => tracing::warn!("verify: removing {what}, which the claim created: {e}"),
         }
     }
 }

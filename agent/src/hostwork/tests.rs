@@ -16,6 +16,7 @@ fn claim(uid: &str, release: bool) -> HostClaim {
         kubernetes_version: None,
         provider_id: "byoh://h/x".into(),
         claimed_at: None,
+        control_plane_endpoint: None,
         release_requested: release,
     }
 }
@@ -32,6 +33,7 @@ fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
         outcome,
         preexisting_dirs: vec![],
         network_before: None,
+        control_plane_endpoint: None,
         host_changes: Default::default(),
     }
 }

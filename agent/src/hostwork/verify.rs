@@ -33,6 +33,9 @@ pub struct Claim<'a> {
     pub preexisting_dirs: &'a [PathBuf],
     /// The host's network when the claim began (`None`: not recorded).
     pub network_before: Option<&'a NetworkSnapshot>,
+    /// The host of the Cluster's control-plane endpoint when the claim began (an IP is removed
+    /// from the host's interfaces if the claim added it).
+    pub control_plane_endpoint: Option<&'a str>,
     /// A directory of the agent's for the listing commands' output.
     pub scratch: &'a Path,
 }
@@ -87,6 +90,14 @@ pub async fn leftovers(
     }
     if let Some(before) = claim.network_before {
         super::probe::remove_claim_chains(root, runner, claim.scratch, before).await;
+        match super::probe::network(root) {
+            Ok(now) => {
+                let removals =
+                    super::leftovers::network_removals(before, &now, claim.control_plane_endpoint);
+                super::probe::remove_claim_network(root, runner, claim.scratch, &removals).await;
+            }
+            Err(e) => tracing::warn!("verify: reading the host's interfaces: {e}"),
+        }
     }
     let now = super::probe::host_now(root, runner, claim.scratch).await;
     left.extend(super::leftovers::decide(claim.network_before, &now));

@@ -95,6 +95,11 @@ pub(super) async fn provision(
             kubernetes_version: machine.spec.version.clone(),
             provider_id: String::new(),
             claimed_at: None,
+            control_plane_endpoint: cluster
+                .spec
+                .control_plane_endpoint
+                .clone()
+                .filter(|e| !e.host.is_empty()),
             release_requested: false,
         };
         let machines_known = ctx.machines_ready.is_ready();

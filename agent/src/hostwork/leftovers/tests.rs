@@ -319,3 +319,54 @@ COMMIT
     assert_eq!(all.len(), 3);
     assert_eq!(removal_script("iptables", &tables, &all), None);
 }
+
+/// The clean-up removes the bridges and tunnels the claim created and the endpoint address it
+/// added; never an interface or address that was there before, a pod peer, `tunl0`, another
+/// program's interface or another address added during the claim.
+#[test]
+fn network_removals_take_only_what_the_claim_created() {
+    let before = net(
+        &["eth0", "lo", "flannel.1", "docker0"],
+        &[("eth0", "192.0.2.10/24"), ("eth0", "192.0.2.200/32")],
+    );
+    let now = net(
+        &[
+            "cni0",
+            "docker0",
+            "eth0",
+            "flannel.1",
+            "kube-ipvs0",
+            "lo",
+            "tunl0",
+            "veth1234",
+            "cali0abc",
+            "virbr0",
+            "vxlan.calico",
+        ],
+        &[
+            ("eth0", "192.0.2.10/24"),
+            ("eth0", "192.0.2.200/32"),
+            ("eth0", "198.51.100.7/32"),
+            ("eth0", "192.0.2.11/24"),
+            ("cni0", "10.244.0.1/24"),
+        ],
+    );
+    let r = network_removals(&before, &now, Some("198.51.100.7"));
+    assert_eq!(r.links, ["cni0", "kube-ipvs0", "vxlan.calico"]);
+    assert_eq!(r.addresses, [addr("eth0", "198.51.100.7/32")]);
+
+    // The endpoint address was there before the claim: it stays, as does every other one.
+    let r = network_removals(&before, &now, Some("192.0.2.200"));
+    assert!(r.addresses.is_empty(), "{r:?}");
+    // A DNS name or no endpoint: no address is removed.
+    assert!(
+        network_removals(&before, &now, Some("cp.example.com"))
+            .addresses
+            .is_empty()
+    );
+    assert!(network_removals(&before, &now, None).addresses.is_empty());
+    // IPv6 endpoints compare as addresses, not as text.
+    let now6 = net(&["eth0"], &[("eth0", "2001:db8::7/128")]);
+    let r = network_removals(&net(&["eth0"], &[]), &now6, Some("2001:db8:0::7"));
+    assert_eq!(r.addresses, [addr("eth0", "2001:db8::7/128")]);
+}
