@@ -1,6 +1,7 @@
 //! `ByoMachine` (CAPI InfraMachine) and `ByoMachineTemplate` (InfraMachineTemplate).
 
 use crate::common::{Initialization, MachineAddress, TemplateMeta, TypedLocalObjectReference};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,25 @@ pub struct ByoMachineSpec {
     /// Narrows the ByoHosts this machine may claim (in its own namespace). Absent matches all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
+
+    /// Fewest CPUs a host must have: its online logical CPUs (`status.hostInfo.cpus`, what the
+    /// kubelet reports as `cpu` capacity), at least 1.
+    #[serde(default, rename = "minCPU", skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("minCPU must be at least 1"))]
+    pub min_cpu: Option<i32>,
+
+    /// Least memory a host must have (`status.hostInfo.memoryBytes`, the kernel's `MemTotal`,
+    /// what the kubelet reports as `memory` capacity), a Kubernetes quantity such as `16Gi`.
+    /// A 16 GiB machine reports a little less than `16Gi`: ask for `15Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(string(self))").message("minMemory must be a Kubernetes quantity such as 16Gi"))]
+    pub min_memory: Option<Quantity>,
+
+    /// Vendor of an accelerator the host must have (`status.hostInfo.accelerators`): `nvidia`,
+    /// `amd` or `intel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['nvidia', 'amd', 'intel']").message("acceleratorVendor must be nvidia, amd or intel"))]
+    pub accelerator_vendor: Option<String>,
 
     /// Provider ID of the claimed host, `byoh://<host>/<unique id>`; set by the controller once
     /// the host is claimed, then immutable.

@@ -163,6 +163,11 @@ fn byomachine_and_template() {
             kind: "K8sInstallerConfigTemplate".into(),
             name: "tarball".into(),
         }),
+        min_cpu: Some(16),
+        min_memory: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "60Gi".into(),
+        )),
+        accelerator_vendor: Some("nvidia".into()),
     };
     let mut machine = ByoMachine::new("m1", spec.clone());
     machine.status = Some(ByoMachineStatus {
@@ -182,6 +187,9 @@ fn byomachine_and_template() {
     });
     let json = roundtrip(&machine);
     assert_eq!(json["spec"]["providerID"], "byoh://worker-01/abc123");
+    assert_eq!(json["spec"]["minCPU"], 16);
+    assert_eq!(json["spec"]["minMemory"], "60Gi");
+    assert_eq!(json["spec"]["acceleratorVendor"], "nvidia");
     assert_eq!(json["status"]["initialization"]["provisioned"], true);
     assert_eq!(json["status"]["addresses"][0]["type"], "Hostname");
 
