@@ -1,11 +1,13 @@
 //! Issue 17 items 2 and 3 on the real API server, the controller in-process: a ByoMachine's
 //! requirements on host facts (`minCPU`, `minMemory`, `acceleratorVendor`) choose among hosts
 //! and the NoHostAvailable reason counts the hosts each one turned away; the API server refuses
-//! malformed requirements.
+//! malformed requirements. A ByoMachineTemplate reports what its Nodes would have for
+//! autoscaling from zero (`status.capacity`, `status.nodeInfo`), from the hosts that fit it.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use byoh_api::{ByoMachine, ByoMachineSpec};
+use byoh_api::byomachine::{ByoMachineTemplateResource, ByoMachineTemplateSpec};
+use byoh_api::{ByoMachine, ByoMachineSpec, ByoMachineTemplate};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::objects::*;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -123,5 +125,71 @@ async fn facts_requirements_choose_hosts_and_the_reason_counts_each_rejection() 
             "{other} must stay free"
         );
     }
+    finish(&client, ns, vec![ctl]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn template_capacity_for_autoscaling_from_zero_is_the_minimum_over_fitting_hosts() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "ctl-template")
+        .await
+        .unwrap();
+    let n = ns.name().to_string();
+    let ctl = Running::start(&client, &n, settings());
+    for (host, cpus, gib, gpus) in [
+        ("gpu-big", 64, 256, &["nvidia", "nvidia"][..]),
+        ("gpu-small", 16, 64, &["nvidia"][..]),
+        ("cpu-only", 8, 32, &[][..]),
+    ] {
+        create_host(&client, &n, host, &HostOpts::default()).await;
+        report_facts(&client, &n, host, cpus, gib, gpus).await;
+    }
+    let templates: Api<ByoMachineTemplate> = Api::namespaced(client.clone(), &n);
+    let template = ByoMachineTemplate::new(
+        "gpu",
+        ByoMachineTemplateSpec {
+            template: ByoMachineTemplateResource {
+                metadata: None,
+                spec: requiring(None, None, Some("nvidia")),
+            },
+        },
+    );
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let capacity = |t: &ByoMachineTemplate| -> Vec<(String, String)> {
+        t.status
+            .iter()
+            .flat_map(|s| s.capacity.iter())
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect()
+    };
+    let want = |cpu: &str, memory: &str, gpus: &str| {
+        vec![
+            ("cpu".to_string(), cpu.to_string()),
+            ("memory".to_string(), memory.to_string()),
+            ("nvidia.com/gpu".to_string(), gpus.to_string()),
+        ]
+    };
+    let first = eventually("the template's capacity", T, || async {
+        let t = templates.get("gpu").await.ok()?;
+        (capacity(&t) == want("16", "67108864Ki", "1")).then_some(t)
+    })
+    .await;
+    let node_info = first.status.unwrap().node_info.unwrap();
+    assert_eq!(node_info.architecture.as_deref(), Some("amd64"));
+    assert_eq!(node_info.operating_system.as_deref(), Some("linux"));
+
+    // The smallest fitting host goes (its facts no longer fit): the minimum rises, on the
+    // host's event alone.
+    report_facts(&client, &n, "gpu-small", 16, 64, &[]).await;
+    eventually("the capacity without the small host", T, || async {
+        let t = templates.get("gpu").await.ok()?;
+        (capacity(&t) == want("64", "268435456Ki", "2")).then_some(())
+    })
+    .await;
     finish(&client, ns, vec![ctl]).await;
 }
