@@ -120,7 +120,8 @@ pub struct NeedsCleanup {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ByoHostStatus {
-    /// Facts about the host: OS, kernel, architecture, CPUs, memory.
+    /// Facts about the host: OS, kernel, architecture, CPUs, memory, disks, accelerators, cgroup
+    /// version, container runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_info: Option<HostInfo>,
 
