@@ -63,7 +63,9 @@ pub enum Command {
     /// Validate the configuration (file, drop-ins, environment) without side effects; exit 78
     /// if it is invalid.
     CheckConfig,
-    /// Print this host's facts (OS, kernel, architecture, CPUs, memory, interfaces).
+    /// Print this host's facts (OS, kernel, architecture, CPU model and cores, memory, cgroup
+    /// version, container runtime, interfaces with link speeds, disks, PCI accelerators) as
+    /// the agent reports them on its ByoHost.
     Facts {
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = FactsFormat::Text)]

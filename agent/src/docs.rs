@@ -104,6 +104,7 @@ fn default_of(key: &str, d: &Settings) -> Option<String> {
         "agent.download_dir" => quoted(&d.download_dir.display().to_string()),
         "agent.log_level" => quoted(&d.log_level),
         "agent.lease_duration" => secs(d.lease_duration),
+        "agent.facts_interval" => secs(d.facts_interval),
         "agent.metrics_address" => d
             .metrics_address
             .map_or("`\"\"` (disabled)".into(), |a| quoted(&a.to_string())),

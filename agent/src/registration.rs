@@ -12,7 +12,6 @@ use crate::{AgentError, hostid};
 use byoh_api::ByoHost;
 use byoh_api::byohost::HostIdentity;
 use byoh_api::conditions::{self, reasons, types};
-use byoh_api::labels;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use std::collections::BTreeMap;
@@ -22,10 +21,21 @@ use std::time::Duration;
 /// `Registered` condition and the Lease.
 pub const FIELD_MANAGER: &str = "byoh-agent";
 
+/// The labels the agent applies: `config_labels` plus the labels derived from the facts
+/// ([`crate::facts::fact_labels`]: `byoh.infrastructure.cluster.x-k8s.io/{os,arch,cpu-cores,
+/// memory-gib,accelerator-vendor}`), which win over configured labels of the same key.
+pub fn host_labels(
+    facts: &Facts,
+    config_labels: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut all = config_labels.clone();
+    all.extend(crate::facts::fact_labels(&facts.host_info));
+    all
+}
+
 /// Creates the ByoHost unless `exists` (as [`HostHandle::read`] found; a conflict on create
-/// adopts the existing one of the same name), then applies the agent's labels: `labels` plus
-/// `byoh.infrastructure.cluster.x-k8s.io/{os,arch}`. Returns the ByoHost as the apply left it
-/// (with its status).
+/// adopts the existing one of the same name), then applies the agent's labels
+/// ([`host_labels`]). Returns the ByoHost as the apply left it (with its status).
 ///
 /// # Errors
 /// [`HostApiError`] if the create or apply fails.
@@ -35,12 +45,7 @@ pub async fn ensure_host(
     config_labels: &BTreeMap<String, String>,
     exists: bool,
 ) -> Result<ByoHost, HostApiError> {
-    let mut all = config_labels.clone();
-    all.insert(labels::HOST_OS.into(), facts.host_info.os_name.clone());
-    all.insert(
-        labels::HOST_ARCH.into(),
-        facts.host_info.architecture.clone(),
-    );
+    let all = host_labels(facts, config_labels);
     if !exists {
         host.create(&all, FIELD_MANAGER).await?;
     }

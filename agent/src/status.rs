@@ -74,6 +74,10 @@ pub struct RuntimeStatus {
     pub lease_error: Option<String>,
     /// The claim on the ByoHost as last seen.
     pub claim: Option<ObservedClaim>,
+    /// RFC 3339 time the host's facts were last gathered (`[agent] facts_interval`); the
+    /// ByoHost is written only when they changed.
+    #[serde(default)]
+    pub facts_checked_at: Option<String>,
     /// RFC 3339 time of the last preflight run.
     pub preflight_at: Option<String>,
     /// The last preflight results.

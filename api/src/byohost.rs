@@ -26,6 +26,10 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"What the agent is doing"}"#,
     printcolumn = r#"{"name":"OS","type":"string","jsonPath":".status.hostInfo.osImage","description":"Operating system (PRETTY_NAME)"}"#,
     printcolumn = r#"{"name":"Arch","type":"string","jsonPath":".status.hostInfo.architecture","description":"Debian architecture name"}"#,
+    printcolumn = r#"{"name":"Cores","type":"integer","priority":1,"jsonPath":".status.hostInfo.cpuCores","description":"Physical CPU cores"}"#,
+    printcolumn = r#"{"name":"CPUs","type":"integer","priority":1,"jsonPath":".status.hostInfo.cpus","description":"Online logical CPUs"}"#,
+    printcolumn = r#"{"name":"Memory(GiB)","type":"string","priority":1,"jsonPath":".metadata.labels['byoh\\.infrastructure\\.cluster\\.x-k8s\\.io/memory-gib']","description":"Memory, GiB (MemTotal, rounded)"}"#,
+    printcolumn = r#"{"name":"Accelerator","type":"string","priority":1,"jsonPath":".metadata.labels['byoh\\.infrastructure\\.cluster\\.x-k8s\\.io/accelerator-vendor']","description":"Accelerator vendor"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Ready condition"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -123,7 +127,8 @@ pub struct NeedsCleanup {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ByoHostStatus {
-    /// Facts about the host: OS, kernel, architecture, CPUs, memory.
+    /// Facts about the host: OS, kernel, architecture, CPUs, memory, disks, accelerators, cgroup
+    /// version, container runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_info: Option<HostInfo>,
 
@@ -234,6 +239,63 @@ pub struct HostInfo {
     /// Total memory in bytes (`MemTotal` of /proc/meminfo).
     #[serde(default)]
     pub memory_bytes: i64,
+    /// CPU model: `model name` of /proc/cpuinfo (x86), else its `Processor`/`Hardware` line;
+    /// absent when the kernel names none (many arm64 hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_model: Option<String>,
+    /// Physical CPU cores: distinct (package, core) pairs of the online CPUs in
+    /// `/sys/devices/system/cpu/cpuN/topology`; absent when the kernel does not report them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cores: Option<i32>,
+    /// Control group hierarchy: `v2` (unified, `/sys/fs/cgroup/cgroup.controllers` exists) or
+    /// `v1`; absent when `/sys/fs/cgroup` is not there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_version: Option<String>,
+    /// Container runtime and version as the kubelet reports it in `Node.status.nodeInfo`,
+    /// e.g. `containerd://1.6.20`; absent when containerd is not installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_runtime_version: Option<String>,
+    /// Block devices (whole disks; no partitions, loop, ram or zram devices), by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<Disk>,
+    /// Accelerators found on the PCI bus (GPUs and processing accelerators of known
+    /// vendors), by PCI address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accelerators: Vec<Accelerator>,
+}
+
+/// One block device (`/sys/block/<name>`).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Disk {
+    /// Kernel name, e.g. `sda`, `nvme0n1`, `vda`.
+    pub name: String,
+    /// Size in bytes (`size` × 512: the kernel counts 512-byte sectors whatever the device's
+    /// block size).
+    pub size_bytes: i64,
+    /// Whether the kernel reports a rotating disk (`queue/rotational` = 1); false for SSDs,
+    /// NVMe and most virtual disks.
+    #[serde(default)]
+    pub rotational: bool,
+}
+
+/// One accelerator on the PCI bus (`/sys/bus/pci/devices/<address>`): a device of class
+/// display controller (0x03xxxx) or processing accelerator (0x12xxxx) from a known vendor.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Accelerator {
+    /// Vendor, lower case: `nvidia` (PCI vendor 0x10de), `amd` (0x1002) or `intel` (0x8086).
+    pub vendor: String,
+    /// PCI vendor ID, e.g. `0x10de`.
+    #[serde(rename = "vendorID")]
+    pub vendor_id: String,
+    /// PCI device ID, e.g. `0x20b0`.
+    #[serde(rename = "deviceID")]
+    pub device_id: String,
+    /// PCI class code, e.g. `0x030200` (3D controller).
+    pub class: String,
+    /// PCI address, e.g. `0000:3b:00.0`.
+    pub pci_address: String,
 }
 
 /// Network interfaces of a host.
@@ -263,6 +325,10 @@ pub struct NetworkInterface {
     /// Addresses in CIDR form, e.g. `192.0.2.7/24`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
+    /// Link speed in Mb/s (`/sys/class/net/<name>/speed`); absent where the driver reports
+    /// none (virtual interfaces, links that are down).
+    #[serde(default, rename = "speedMbps", skip_serializing_if = "Option::is_none")]
+    pub speed_mbps: Option<i64>,
 }
 
 impl ByoHost {

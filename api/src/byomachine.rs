@@ -1,9 +1,11 @@
 //! `ByoMachine` (CAPI InfraMachine) and `ByoMachineTemplate` (InfraMachineTemplate).
 
 use crate::common::{Initialization, MachineAddress, TemplateMeta, TypedLocalObjectReference};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Desired state of a ByoMachine: which hosts it may claim and how to install Kubernetes.
 #[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -30,6 +32,25 @@ pub struct ByoMachineSpec {
     /// Narrows the ByoHosts this machine may claim (in its own namespace). Absent matches all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
+
+    /// Fewest CPUs a host must have: its online logical CPUs (`status.hostInfo.cpus`, what the
+    /// kubelet reports as `cpu` capacity), at least 1.
+    #[serde(default, rename = "minCPU", skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("minCPU must be at least 1"))]
+    pub min_cpu: Option<i32>,
+
+    /// Least memory a host must have (`status.hostInfo.memoryBytes`, the kernel's `MemTotal`,
+    /// what the kubelet reports as `memory` capacity), a Kubernetes quantity such as `16Gi`.
+    /// A 16 GiB machine reports a little less than `16Gi`: ask for `15Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(string(self))").message("minMemory must be a Kubernetes quantity such as 16Gi"))]
+    pub min_memory: Option<Quantity>,
+
+    /// Vendor of an accelerator the host must have (`status.hostInfo.accelerators`): `nvidia`,
+    /// `amd` or `intel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['nvidia', 'amd', 'intel']").message("acceleratorVendor must be nvidia, amd or intel"))]
+    pub accelerator_vendor: Option<String>,
 
     /// Provider ID of the claimed host, `byoh://<host>/<unique id>`; set by the controller once
     /// the host is claimed, then immutable.
@@ -92,16 +113,50 @@ pub struct HostReference {
     kind = "ByoMachineTemplate",
     plural = "byomachinetemplates",
     namespaced,
+    status = "ByoMachineTemplateStatus",
     shortname = "byomt",
     category = "cluster-api",
     derive = "PartialEq",
     derive = "Default",
+    printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".status.capacity.cpu","description":"CPUs every fitting host has (autoscaling from zero)"}"#,
+    printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".status.capacity.memory","description":"Memory every fitting host has (autoscaling from zero)"}"#,
+    printcolumn = r#"{"name":"Arch","type":"string","jsonPath":".status.nodeInfo.architecture","description":"Architecture of the fitting hosts"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ByoMachineTemplateSpec {
     /// The ByoMachine to stamp out.
     pub template: ByoMachineTemplateResource,
+}
+
+/// What a Node made from a ByoMachineTemplate has, for autoscaling from zero (Cluster API's
+/// InfraMachineTemplate contract, optional part: the cluster-autoscaler's `clusterapi` provider
+/// reads it). Written by the controller from the ByoHosts that fit the template: the minimum
+/// over them (see `controller/src/byomachinetemplate.rs`).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ByoMachineTemplateStatus {
+    /// Resources every fitting host has (a `corev1.ResourceList`): `cpu`, `memory` and
+    /// accelerator counts such as `nvidia.com/gpu`. Empty when no host fits.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, Quantity>,
+
+    /// Architecture and operating system of the Nodes; absent when no host fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_info: Option<NodeInfo>,
+}
+
+/// `status.nodeInfo` of an InfraMachineTemplate (Cluster API contract).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInfo {
+    /// `amd64`, `arm64`, `s390x` or `ppc64le`, as Go names architectures; absent when the
+    /// fitting hosts differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    /// `linux` (every BYOH host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operating_system: Option<String>,
 }
 
 /// `spec.template` of a ByoMachineTemplate.

@@ -30,7 +30,7 @@ pub const TOPOLOGY_DRY_RUN: &str = "topology.cluster.x-k8s.io/dry-run";
 
 /// BYOH's own domain. On ByoHosts, annotations in it or in a subdomain of it (e.g.
 /// [`RELEASE_REQUESTED_AT`]) are the controller's or an administrator's: hosts may not set,
-/// change or remove them. Labels in it are partly the agent's ([`HOST_OS`], [`HOST_ARCH`]).
+/// change or remove them. Labels in it are partly the agent's ([`FACT_LABELS`]).
 pub const BYOH_DOMAIN: &str = "byoh.infrastructure.cluster.x-k8s.io";
 
 /// ByoHost: operating system `ID` (label set by the agent, e.g. `debian`).
@@ -38,6 +38,29 @@ pub const HOST_OS: &str = "byoh.infrastructure.cluster.x-k8s.io/os";
 
 /// ByoHost: Debian architecture name (label set by the agent, `amd64` or `arm64`).
 pub const HOST_ARCH: &str = "byoh.infrastructure.cluster.x-k8s.io/arch";
+
+/// ByoHost: physical CPU cores (label set by the agent from `status.hostInfo.cpuCores`, or
+/// the online CPUs when the kernel reports no topology), e.g. `16`.
+pub const HOST_CPU_CORES: &str = "byoh.infrastructure.cluster.x-k8s.io/cpu-cores";
+
+/// ByoHost: memory in whole GiB (label set by the agent: `MemTotal` rounded to the nearest
+/// GiB, so a 16 GiB machine whose kernel reserves some reads `16`), e.g. `16`.
+pub const HOST_MEMORY_GIB: &str = "byoh.infrastructure.cluster.x-k8s.io/memory-gib";
+
+/// ByoHost: vendor of the host's accelerators (label set by the agent when it found any:
+/// `nvidia`, `amd` or `intel`; with several vendors the one with the most devices, ties in that
+/// order). Absent on hosts without accelerators.
+pub const HOST_ACCELERATOR_VENDOR: &str = "byoh.infrastructure.cluster.x-k8s.io/accelerator-vendor";
+
+/// The labels the agent derives from the host's facts (reported by the host itself: trust
+/// them like any host-written value, see docs/security.md).
+pub const FACT_LABELS: &[&str] = &[
+    HOST_OS,
+    HOST_ARCH,
+    HOST_CPU_CORES,
+    HOST_MEMORY_GIB,
+    HOST_ACCELERATOR_VENDOR,
+];
 
 /// ByoHost: Kubernetes version pre-installed on the host (label set by the agent when known).
 pub const HOST_K8S_VERSION: &str = "byoh.infrastructure.cluster.x-k8s.io/k8s-version";

@@ -19,6 +19,7 @@ pub mod finalizers;
 pub mod installer;
 pub mod labels;
 pub mod names;
+pub mod quantity;
 
 pub use bootstrapkubeconfig::{
     BootstrapKubeconfig, BootstrapKubeconfigSpec, BootstrapKubeconfigStatus,

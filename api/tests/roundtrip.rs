@@ -87,6 +87,22 @@ fn byohost() {
             architecture: "amd64".into(),
             cpus: 2,
             memory_bytes: 25_000_000_000,
+            cpu_model: Some("AMD EPYC 7763 64-Core Processor".into()),
+            cpu_cores: Some(2),
+            cgroup_version: Some("v2".into()),
+            container_runtime_version: Some("containerd://1.6.20~ds1".into()),
+            disks: vec![byoh_api::byohost::Disk {
+                name: "vda".into(),
+                size_bytes: 21_474_836_480,
+                rotational: false,
+            }],
+            accelerators: vec![byoh_api::byohost::Accelerator {
+                vendor: "nvidia".into(),
+                vendor_id: "0x10de".into(),
+                device_id: "0x20b0".into(),
+                class: "0x030200".into(),
+                pci_address: "0000:3b:00.0".into(),
+            }],
         }),
         network: Some(NetworkStatus {
             default_interface: Some("eth0".into()),
@@ -95,6 +111,7 @@ fn byohost() {
                 mac_address: Some("52:54:00:12:34:56".into()),
                 up: true,
                 addresses: vec!["192.0.2.7/24".into()],
+                speed_mbps: Some(1000),
             }],
         }),
         addresses: vec![MachineAddress {
@@ -150,6 +167,11 @@ fn byomachine_and_template() {
             kind: "K8sInstallerConfigTemplate".into(),
             name: "tarball".into(),
         }),
+        min_cpu: Some(16),
+        min_memory: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "60Gi".into(),
+        )),
+        accelerator_vendor: Some("nvidia".into()),
     };
     let mut machine = ByoMachine::new("m1", spec.clone());
     machine.status = Some(ByoMachineStatus {
@@ -169,6 +191,9 @@ fn byomachine_and_template() {
     });
     let json = roundtrip(&machine);
     assert_eq!(json["spec"]["providerID"], "byoh://worker-01/abc123");
+    assert_eq!(json["spec"]["minCPU"], 16);
+    assert_eq!(json["spec"]["minMemory"], "60Gi");
+    assert_eq!(json["spec"]["acceleratorVendor"], "nvidia");
     assert_eq!(json["status"]["initialization"]["provisioned"], true);
     assert_eq!(json["status"]["addresses"][0]["type"], "Hostname");
 

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod bootstrapkubeconfig;
 pub mod byocluster;
 pub mod byomachine;
+pub mod byomachinetemplate;
 pub mod cache;
 pub mod capi;
 pub mod cli;

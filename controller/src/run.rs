@@ -4,7 +4,8 @@
 //! [`run`] starts, in this order: the metrics/health server, leader election (a
 //! `coordination.k8s.io/v1` Lease [`LEADER_LEASE`] through `kube-lease-manager`), the shared
 //! caches (ByoHosts and Leases: host selection reads them instead of listing the pool on every
-//! reconcile), the ByoCluster and ByoMachine controllers, and alongside them the CSR approver
+//! reconcile), the ByoCluster, ByoMachine and ByoMachineTemplate controllers, and alongside
+//! them the CSR approver
 //! ([`crate::csr`]), the BootstrapKubeconfig reconciler ([`crate::bootstrapkubeconfig`]) and the
 //! per-host access reconciler ([`crate::hostaccess`]). It returns when `shutdown`
 //! resolves (SIGTERM in `main`): the controllers finish the reconciles in flight, and the
@@ -217,6 +218,7 @@ async fn run_controllers(
     };
     let byocluster_clusters = cluster_events.subscribe();
     let hostaccess_hosts = host_events.subscribe();
+    let template_hosts = host_events.subscribe();
 
     let host_ctx = ctx.clone();
     let host_cache = host_cache
@@ -248,6 +250,8 @@ async fn run_controllers(
         crate::byocluster::controller(ctx.clone(), byocluster_clusters, shutdown.clone());
     let byomachine =
         crate::byomachine::controller(ctx.clone(), byomachine_triggers, shutdown.clone());
+    let byomachinetemplate =
+        crate::byomachinetemplate::controller(ctx.clone(), template_hosts, shutdown.clone());
     // The other reconcilers (their own modules; they run until dropped).
     let csr = crate::csr::run(
         client.clone(),
@@ -281,7 +285,7 @@ async fn run_controllers(
     // The controllers end on `shutdown` after finishing the reconciles in flight; the
     // caches and gauges never end on their own.
     tokio::select! {
-        () = async { tokio::join!(byocluster, byomachine); } => {}
+        () = async { tokio::join!(byocluster, byomachine, byomachinetemplate); } => {}
         _ = host_cache => {}
         _ = lease_cache => {}
         _ = cluster_cache => {}

@@ -31,6 +31,13 @@ pub struct Request<'a> {
     pub arch: Option<&'a str>,
     /// Required OS (value of the host label `byoh.infrastructure.cluster.x-k8s.io/os`).
     pub os: Option<&'a str>,
+    /// `ByoMachine.spec.minCPU`: fewest online CPUs (`status.hostInfo.cpus`).
+    pub min_cpu: Option<i32>,
+    /// `ByoMachine.spec.minMemory` in bytes: least `status.hostInfo.memoryBytes`.
+    pub min_memory_bytes: Option<i64>,
+    /// `ByoMachine.spec.acceleratorVendor`: an accelerator of this vendor in
+    /// `status.hostInfo.accelerators`.
+    pub accelerator_vendor: Option<&'a str>,
     /// `Machine.spec.version`: hosts labelled with this Kubernetes version are preferred.
     pub kubernetes_version: Option<&'a str>,
     /// `Machine.spec.failureDomain`: when set, only hosts in this zone qualify.
@@ -85,6 +92,12 @@ pub enum Rejection {
     Arch,
     /// The host's OS label differs from the requirement.
     Os,
+    /// The host reports fewer CPUs than `spec.minCPU` (or no facts).
+    MinCPU,
+    /// The host reports less memory than `spec.minMemory` (or no facts).
+    MinMemory,
+    /// The host reports no accelerator of `spec.acceleratorVendor`.
+    AcceleratorVendor,
     /// The host is not in the Machine's failure domain.
     FailureDomain,
     /// The host is reserved by a claim in flight from this controller.
@@ -202,6 +215,24 @@ pub fn eligibility(
     if preflight_failed {
         return Err(Rejection::PreflightFailed);
     }
+    fits(host, req)?;
+    if req
+        .failure_domain
+        .is_some_and(|fd| label(host, labels::FAILURE_DOMAIN) != Some(fd))
+    {
+        return Err(Rejection::FailureDomain);
+    }
+    Ok(())
+}
+
+/// Whether `host` fits what `req` asks of its kind, whatever its state: `spec.selector`, the
+/// arch and OS labels, and the facts it reports against `minCPU`, `minMemory` and
+/// `acceleratorVendor`; the first requirement it misses otherwise. A host without facts
+/// (`status.hostInfo`) misses every facts requirement.
+///
+/// # Errors
+/// The [`Rejection`] of the first requirement missed.
+pub fn fits(host: &ByoHost, req: &Request<'_>) -> Result<(), Rejection> {
     if let Some(selector) = req.selector {
         let empty = BTreeMap::new();
         if !selector_matches(selector, host.metadata.labels.as_ref().unwrap_or(&empty)) {
@@ -220,11 +251,21 @@ pub fn eligibility(
     {
         return Err(Rejection::Os);
     }
-    if req
-        .failure_domain
-        .is_some_and(|fd| label(host, labels::FAILURE_DOMAIN) != Some(fd))
+    let info = host.status.as_ref().and_then(|s| s.host_info.as_ref());
+    if let Some(min) = req.min_cpu
+        && info.is_none_or(|i| i.cpus < min)
     {
-        return Err(Rejection::FailureDomain);
+        return Err(Rejection::MinCPU);
+    }
+    if let Some(min) = req.min_memory_bytes
+        && info.is_none_or(|i| i.memory_bytes < min)
+    {
+        return Err(Rejection::MinMemory);
+    }
+    if let Some(vendor) = req.accelerator_vendor
+        && info.is_none_or(|i| !i.accelerators.iter().any(|a| a.vendor == vendor))
+    {
+        return Err(Rejection::AcceleratorVendor);
     }
     Ok(())
 }
@@ -361,6 +402,8 @@ mod tests {
         previous_machine: Option<&'static str>,
         /// `annotation` (an administrator's) or `condition` (the host's request).
         maintenance: Option<&'static str>,
+        /// Reported facts: CPUs, memory bytes, accelerator vendors; `None`: no `hostInfo`.
+        facts: Option<(i32, i64, &'static [&'static str])>,
     }
 
     fn h(name: &'static str) -> H {
@@ -376,6 +419,7 @@ mod tests {
             preflight_failed: false,
             previous_machine: None,
             maintenance: None,
+            facts: Some((4, 16 << 30, &[])),
         }
     }
 
@@ -427,6 +471,20 @@ mod tests {
                 } else {
                     vec![]
                 },
+                host_info: self.facts.map(|(cpus, memory_bytes, vendors)| {
+                    byoh_api::byohost::HostInfo {
+                        cpus,
+                        memory_bytes,
+                        accelerators: vendors
+                            .iter()
+                            .map(|v| byoh_api::byohost::Accelerator {
+                                vendor: (*v).into(),
+                                ..Default::default()
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }
+                }),
                 ..Default::default()
             });
             match self.maintenance {
@@ -498,6 +556,137 @@ mod tests {
             machine_exists: Some(MachineLookup(&LIVE)),
             ..req()
         }
+    }
+
+    #[test]
+    fn facts_requirements_table() {
+        let need = |cpu: Option<i32>, mem: Option<i64>, vendor: Option<&'static str>| Request {
+            min_cpu: cpu,
+            min_memory_bytes: mem,
+            accelerator_vendor: vendor,
+            ..req()
+        };
+        let with = |facts: Option<(i32, i64, &'static [&'static str])>| H { facts, ..h("a") };
+        let gpu: &'static [&'static str] = &["intel", "nvidia"];
+        for (what, host, request, want) in [
+            ("no requirement", with(None), req(), Ok(())),
+            (
+                "enough CPUs",
+                with(Some((4, 1, &[]))),
+                need(Some(4), None, None),
+                Ok(()),
+            ),
+            (
+                "too few CPUs",
+                with(Some((2, 1, &[]))),
+                need(Some(4), None, None),
+                Err(Rejection::MinCPU),
+            ),
+            (
+                "no facts, CPUs required",
+                with(None),
+                need(Some(1), None, None),
+                Err(Rejection::MinCPU),
+            ),
+            (
+                "enough memory",
+                with(Some((1, 16 << 30, &[]))),
+                need(None, Some(16 << 30), None),
+                Ok(()),
+            ),
+            (
+                "a byte short",
+                with(Some((1, (16 << 30) - 1, &[]))),
+                need(None, Some(16 << 30), None),
+                Err(Rejection::MinMemory),
+            ),
+            (
+                "no facts, memory required",
+                with(None),
+                need(None, Some(1), None),
+                Err(Rejection::MinMemory),
+            ),
+            (
+                "one of its accelerators is the vendor's",
+                with(Some((1, 1, gpu))),
+                need(None, None, Some("nvidia")),
+                Ok(()),
+            ),
+            (
+                "accelerators of other vendors",
+                with(Some((1, 1, gpu))),
+                need(None, None, Some("amd")),
+                Err(Rejection::AcceleratorVendor),
+            ),
+            (
+                "no accelerator",
+                with(Some((64, 1 << 40, &[]))),
+                need(None, None, Some("nvidia")),
+                Err(Rejection::AcceleratorVendor),
+            ),
+            (
+                "CPUs are checked first",
+                with(Some((1, 1, &[]))),
+                need(Some(2), Some(2), Some("amd")),
+                Err(Rejection::MinCPU),
+            ),
+        ] {
+            let (built, lease) = host.build();
+            assert_eq!(
+                eligibility(&built, lease.as_ref(), &request, now()),
+                want,
+                "{what}"
+            );
+            assert_eq!(fits(&built, &request), want, "{what} (fits)");
+        }
+    }
+
+    #[test]
+    fn rejections_are_counted_per_requirement() {
+        let hosts = [
+            H {
+                facts: Some((2, 64 << 30, &["nvidia"])),
+                ..h("few-cpus")
+            },
+            H {
+                facts: Some((8, 4 << 30, &["nvidia"])),
+                ..h("little-memory")
+            },
+            H {
+                facts: Some((8, 64 << 30, &[])),
+                ..h("no-gpu-1")
+            },
+            H {
+                facts: Some((8, 64 << 30, &["amd"])),
+                ..h("no-gpu-2")
+            },
+            H {
+                facts: Some((8, 64 << 30, &["nvidia"])),
+                ..h("fits")
+            },
+        ];
+        let request = Request {
+            min_cpu: Some(4),
+            min_memory_bytes: Some(32 << 30),
+            accelerator_vendor: Some("nvidia"),
+            ..req()
+        };
+        let (chosen, rejected) = run(&hosts, &request, 1);
+        assert_eq!(chosen.as_deref(), Some("fits"));
+        assert_eq!(
+            rejected,
+            [
+                (Rejection::MinCPU, 1),
+                (Rejection::MinMemory, 1),
+                (Rejection::AcceleratorVendor, 2)
+            ]
+            .into()
+        );
+        let s = Selection {
+            chosen: None,
+            rejected,
+        };
+        assert_eq!(s.summary(), "1 MinCPU, 1 MinMemory, 2 AcceleratorVendor");
     }
 
     #[test]

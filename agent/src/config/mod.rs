@@ -28,6 +28,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/byoh";
 pub const DEFAULT_DOWNLOAD_DIR: &str = "/var/lib/byoh/downloads";
 /// Default Lease duration in seconds.
 pub const DEFAULT_LEASE_DURATION_SECS: u64 = 40;
+/// Default `[agent] facts_interval`, seconds.
+pub const DEFAULT_FACTS_INTERVAL_SECS: u64 = 60;
 /// Default requested client certificate lifetime in seconds (30 days).
 pub const DEFAULT_CERTIFICATE_LIFETIME_SECS: u64 = 30 * 24 * 3600;
 /// Shortest accepted client certificate lifetime (1 hour); kube-controller-manager never issues
@@ -120,6 +122,7 @@ pub struct Merged {
     download_dir: Option<Sourced<String>>,
     log_level: Option<Sourced<String>>,
     lease_duration: Option<Sourced<String>>,
+    facts_interval: Option<Sourced<String>>,
     metrics_address: Option<Sourced<String>>,
     ignore_modules: Option<Sourced<Vec<String>>>,
     command_timeout: Option<Sourced<String>>,
@@ -208,6 +211,9 @@ pub struct Settings {
     pub log_level: String,
     /// Lease duration; the Lease is renewed every third of it.
     pub lease_duration: Duration,
+    /// How often the host's facts are gathered again (`[agent] facts_interval`); the ByoHost is
+    /// written only when they changed.
+    pub facts_interval: Duration,
     /// Metrics endpoint, `None` when disabled.
     pub metrics_address: Option<SocketAddr>,
     /// cloud-config modules accepted without running them (`[bootstrap] ignore_modules`);
@@ -371,6 +377,7 @@ impl Merged {
             download_dir,
             log_level,
             lease_duration,
+            facts_interval,
             metrics_address
         );
         set!(raw.bootstrap, ignore_modules, command_timeout);
@@ -474,6 +481,13 @@ impl Merged {
             "agent.lease_duration",
             DEFAULT_LEASE_DURATION_SECS,
             10,
+            3600,
+        );
+        let facts_interval = duration(
+            &self.facts_interval,
+            "agent.facts_interval",
+            DEFAULT_FACTS_INTERVAL_SECS,
+            5,
             3600,
         );
         let certificate_lifetime = duration(
@@ -595,6 +609,7 @@ impl Merged {
             download_dir,
             log_level,
             lease_duration,
+            facts_interval,
             metrics_address,
             ignore_modules,
             command_timeout,

@@ -86,6 +86,10 @@ pub struct RawAgent {
     /// Duration of the host's Lease, e.g. `40s` (10s to 1h); renewed every third of it.
     #[schemars(with = "Option<String>")]
     pub lease_duration: Option<Spanned<String>>,
+    /// How often the host's facts are gathered again, e.g. `60s` (5s to 1h); the ByoHost is
+    /// written only when they changed.
+    #[schemars(with = "Option<String>")]
+    pub facts_interval: Option<Spanned<String>>,
     /// Address of the Prometheus metrics endpoint (`/metrics`, `/healthz`), e.g.
     /// `127.0.0.1:9101`; empty disables it.
     #[schemars(with = "Option<String>")]

@@ -75,6 +75,7 @@ fn sample_config_parses_and_equals_the_defaults() {
         "download_dir",
         "log_level",
         "lease_duration",
+        "facts_interval",
         "metrics_address",
         "ignore_modules",
         "command_timeout",

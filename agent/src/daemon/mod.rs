@@ -32,8 +32,6 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{SignalKind, signal};
 
-/// How often facts are gathered again and re-reported when they changed.
-pub const FACTS_INTERVAL: Duration = Duration::from_secs(60);
 /// Watchdog ping interval when systemd did not ask for one.
 pub const DEFAULT_WATCHDOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -297,7 +295,7 @@ async fn serve(
     .applied_objects()
     .boxed();
     let mut lease_tick = tokio::time::interval(settings.lease_duration / 3);
-    let mut facts_tick = tokio::time::interval(FACTS_INTERVAL);
+    let mut facts_tick = tokio::time::interval(settings.facts_interval);
     let mut watchdog_tick = tokio::time::interval(
         notify::watchdog_interval().map_or(DEFAULT_WATCHDOG_INTERVAL, |d| d / 2),
     );
@@ -385,14 +383,12 @@ async fn serve(
                 }
             }
             _ = facts_tick.tick() => {
-                if let Ok(now) = facts::gather(Path::new("/"), Some(name)) && now != facts {
-                    tracing::info!("host facts changed; reporting them");
-                    if let Ok(Ok(found)) = tokio::time::timeout(API_CALL_TIMEOUT, host.read_status()).await {
-                        check_identity(&found, &here, settings)?;
-                        let previous = found.status.map(|s| s.conditions).unwrap_or_default();
-                        let conditions = registration::registered_conditions(&previous, found.metadata.generation);
-                        match call_timeout(API_CALL_TIMEOUT, registration::apply_status(&host, &now, &here, &conditions)).await {
-                            Ok(_) => facts = now,
+                if let Ok(now) = facts::gather(&services.root, Some(name)) {
+                    runtime.update(|r| r.facts_checked_at = Some(now_rfc3339()));
+                    if now != facts {
+                        tracing::info!("host facts changed; reporting them");
+                        match report_facts(&host, settings, &here, &facts, &now).await? {
+                            Ok(()) => facts = now,
                             Err(e) => tracing::warn!("reporting facts failed: {e}; will retry"),
                         }
                     }
@@ -411,4 +407,44 @@ async fn serve(
             }
         }
     }
+}
+
+/// Reports facts that changed from `before` to `now`: the labels derived from them when those
+/// differ, then the registration status (facts, addresses, `Registered`). Nothing is written
+/// for facts that did not change, so an idle host's ByoHost keeps its resourceVersion.
+///
+/// # Errors
+/// [`AgentError::CloneRefused`] when the ByoHost now records another machine; inside, a
+/// [`CallError`] for an API failure or time-out (the next tick retries).
+async fn report_facts(
+    host: &HostHandle,
+    settings: &Settings,
+    here: &byoh_api::byohost::HostIdentity,
+    before: &Facts,
+    now: &Facts,
+) -> Result<Result<(), CallError>, AgentError> {
+    let found = match call_timeout(API_CALL_TIMEOUT, host.read_status()).await {
+        Ok(found) => found,
+        Err(e) => return Ok(Err(e)),
+    };
+    check_identity(&found, here, settings)?;
+    if facts::fact_labels(&before.host_info) != facts::fact_labels(&now.host_info) {
+        let labels = registration::host_labels(now, &settings.labels);
+        let applied = call_timeout(
+            API_CALL_TIMEOUT,
+            host.apply_labels(&labels, registration::FIELD_MANAGER),
+        )
+        .await;
+        if let Err(e) = applied {
+            return Ok(Err(e));
+        }
+    }
+    let previous = found.status.map(|s| s.conditions).unwrap_or_default();
+    let conditions = registration::registered_conditions(&previous, found.metadata.generation);
+    Ok(call_timeout(
+        API_CALL_TIMEOUT,
+        registration::apply_status(host, now, here, &conditions),
+    )
+    .await
+    .map(|_| ()))
 }

@@ -106,11 +106,26 @@ pub(super) async fn provision(
         // Before the Machine cache is filled, absence proves nothing: keep such hosts held.
         let machine_exists =
             |m: &MachineReference| !machines_known || machine_cached(ctx, &n.ns, m);
+        let min_memory_bytes = bm
+            .spec
+            .min_memory
+            .as_ref()
+            .map(byoh_api::quantity::value)
+            .transpose()
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "ByoMachine {}/{}: spec.minMemory {e}",
+                    n.ns, n.name
+                ))
+            })?;
         let req = Request {
             namespace: &n.ns,
             selector: bm.spec.selector.as_ref(),
             arch: bm.labels().get(labels::HOST_ARCH).map(String::as_str),
             os: bm.labels().get(labels::HOST_OS).map(String::as_str),
+            min_cpu: bm.spec.min_cpu,
+            min_memory_bytes,
+            accelerator_vendor: bm.spec.accelerator_vendor.as_deref(),
             kubernetes_version: machine.spec.version.as_deref(),
             failure_domain: machine.spec.failure_domain.as_deref(),
             cluster_name: &cluster_name,

@@ -1,10 +1,17 @@
 //! Host facts: operating system (os-release(5)), kernel and architecture (uname(2)), CPUs and
-//! memory (procfs), network interfaces (getifaddrs(3)) and the default route (/proc/net).
+//! memory (procfs), network interfaces (getifaddrs(3), link speeds from sysfs) and the default
+//! route (/proc/net); disks, PCI accelerators, CPU cores and the cgroup version
+//! ([`hardware`]); the container runtime's version ([`runtime`]). The labels derived from them
+//! ([`fact_labels`]).
 //!
 //! Also the supported-host matrix: which OS, version and architecture the agent runs on.
 
+pub mod hardware;
+pub mod runtime;
+
 use byoh_api::byohost::{HostInfo, NetworkInterface, NetworkStatus};
 use byoh_api::common::MachineAddress;
+use byoh_api::labels;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -135,8 +142,10 @@ fn system<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> FactsEr
     }
 }
 
-/// Gathers the facts of the running host; os-release is read under `root` (`/` in production).
-/// `name` is the configured ByoHost name, if any (else the hostname is used).
+/// Gathers the facts of the running host; os-release, `/proc` and `/sys` are read under `root`
+/// (`/` in production). `name` is the configured ByoHost name, if any (else the hostname is
+/// used). Optional facts the host does not offer (CPU topology, disks, accelerators, link
+/// speeds, containerd) are left out rather than failing.
 ///
 /// # Errors
 /// [`FactsError`] if os-release, the hostname, uname, /proc/meminfo or the interfaces cannot be
@@ -152,9 +161,9 @@ pub fn gather(root: &Path, name: Option<&str>) -> Result<Facts, FactsError> {
     };
     let uts = nix::sys::utsname::uname().map_err(system("uname"))?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let meminfo =
-        <procfs::Meminfo as procfs::Current>::current().map_err(system("/proc/meminfo"))?;
-    let network = network_status()?;
+    let meminfo = <procfs::Meminfo as procfs::FromRead>::from_file(root.join("proc/meminfo"))
+        .map_err(system("/proc/meminfo"))?;
+    let network = network_status(root)?;
 
     let host_info = HostInfo {
         hostname: hostname.clone(),
@@ -168,6 +177,12 @@ pub fn gather(root: &Path, name: Option<&str>) -> Result<Facts, FactsError> {
         architecture: debian_arch(&uts.machine().to_string_lossy()),
         cpus: i32::try_from(cpus).unwrap_or(i32::MAX),
         memory_bytes: i64::try_from(meminfo.mem_total).unwrap_or(i64::MAX),
+        cpu_model: hardware::cpu_model(root),
+        cpu_cores: hardware::cpu_cores(root),
+        cgroup_version: hardware::cgroup_version(root),
+        container_runtime_version: runtime::container_runtime_version(root),
+        disks: hardware::disks(root),
+        accelerators: hardware::accelerators(root),
     };
     let addresses = node_addresses(&hostname, &network);
     Ok(Facts {
@@ -210,12 +225,12 @@ fn is_link_local(ip: &IpAddr) -> bool {
     }
 }
 
-/// Lists the interfaces (loopback excluded) and finds the default-route interface (IPv4 first,
-/// then IPv6).
+/// Lists the interfaces (loopback excluded) with their link speeds from `<root>/sys/class/net`
+/// and finds the default-route interface (IPv4 first, then IPv6).
 ///
 /// # Errors
 /// [`FactsError::System`] if getifaddrs(3) fails.
-pub fn network_status() -> Result<NetworkStatus, FactsError> {
+pub fn network_status(root: &Path) -> Result<NetworkStatus, FactsError> {
     use nix::net::if_::InterfaceFlags;
     let mut by_name: BTreeMap<String, NetworkInterface> = BTreeMap::new();
     for ifa in nix::ifaddrs::getifaddrs().map_err(system("network interfaces"))? {
@@ -229,6 +244,7 @@ pub fn network_status() -> Result<NetworkStatus, FactsError> {
                 mac_address: None,
                 up: ifa.flags.contains(InterfaceFlags::IFF_UP),
                 addresses: Vec::new(),
+                speed_mbps: hardware::link_speed_mbps(root, &ifa.interface_name),
             });
         let Some(addr) = ifa.address else { continue };
         if let Some(link) = addr.as_link_addr() {
@@ -394,14 +410,45 @@ pub fn check_supported(info: &HostInfo) -> Result<&'static SupportedOs, String> 
     Ok(os)
 }
 
-/// `facts` for people: aligned `name  value` lines, then one line per interface
-/// (`INTERFACE  STATE  MAC  ADDRESSES`). Memory in GiB with the exact bytes.
+/// The labels the agent derives from `info` ([`labels::FACT_LABELS`]): OS, architecture,
+/// CPU cores (physical, else the online CPUs), memory in whole GiB (rounded to nearest) and,
+/// when the host has accelerators, their vendor (the vendor with the most devices; ties in the
+/// order nvidia, amd, intel). A label that does not apply is absent, so the apply removes it.
+pub fn fact_labels(info: &HostInfo) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    out.insert(labels::HOST_OS.into(), info.os_name.clone());
+    out.insert(labels::HOST_ARCH.into(), info.architecture.clone());
+    out.insert(
+        labels::HOST_CPU_CORES.into(),
+        info.cpu_cores.unwrap_or(info.cpus).to_string(),
+    );
+    let gib = (info.memory_bytes + (1 << 29)) >> 30;
+    out.insert(labels::HOST_MEMORY_GIB.into(), gib.to_string());
+    let vendor = hardware::ACCELERATOR_VENDORS
+        .iter()
+        .map(|(_, v)| {
+            let n = info.accelerators.iter().filter(|a| a.vendor == *v).count();
+            (n, std::cmp::Reverse(*v))
+        })
+        .max()
+        .filter(|(n, _)| *n > 0);
+    if let Some((_, std::cmp::Reverse(v))) = vendor {
+        out.insert(labels::HOST_ACCELERATOR_VENDOR.into(), v.into());
+    }
+    out
+}
+
+/// `facts` for people: aligned `name  value` lines, then tables of interfaces
+/// (`INTERFACE  STATE  SPEED  MAC  ADDRESSES`), disks (`DISK  SIZE  ROTATIONAL`) and
+/// accelerators (`ACCELERATOR  VENDOR  DEVICE  CLASS`). Memory and disk sizes in GiB with the
+/// exact bytes.
 pub fn render_text(f: &Facts) -> String {
     use std::fmt::Write as _;
     let h = &f.host_info;
     let mut s = String::new();
     #[allow(clippy::cast_precision_loss)] // a display value
-    let gib = h.memory_bytes as f64 / f64::from(1u32 << 30);
+    let gib = |bytes: i64| bytes as f64 / f64::from(1u32 << 30);
+    let or_unknown = |v: Option<String>| v.unwrap_or_else(|| "unknown".into());
     let addresses: Vec<String> = f
         .addresses
         .iter()
@@ -415,8 +462,20 @@ pub fn render_text(f: &Facts) -> String {
         ),
         ("kernel", h.kernel_version.clone()),
         ("architecture", h.architecture.clone()),
+        ("cpu model", or_unknown(h.cpu_model.clone())),
+        ("cpu cores", or_unknown(h.cpu_cores.map(|c| c.to_string()))),
         ("cpus", h.cpus.to_string()),
-        ("memory", format!("{gib:.1} GiB ({} bytes)", h.memory_bytes)),
+        (
+            "memory",
+            format!("{:.1} GiB ({} bytes)", gib(h.memory_bytes), h.memory_bytes),
+        ),
+        ("cgroup", or_unknown(h.cgroup_version.clone())),
+        (
+            "runtime",
+            h.container_runtime_version
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        ),
         (
             "default route",
             f.network
@@ -430,15 +489,16 @@ pub fn render_text(f: &Facts) -> String {
     }
     let _ = writeln!(
         s,
-        "\n{:<16}{:<7}{:<19}ADDRESSES",
-        "INTERFACE", "STATE", "MAC"
+        "\n{:<16}{:<7}{:<11}{:<19}ADDRESSES",
+        "INTERFACE", "STATE", "SPEED", "MAC"
     );
     for i in &f.network.interfaces {
         let _ = writeln!(
             s,
-            "{:<16}{:<7}{:<19}{}",
+            "{:<16}{:<7}{:<11}{:<19}{}",
             i.name,
             if i.up { "up" } else { "down" },
+            i.speed_mbps.map_or("-".into(), |m| format!("{m}Mb/s")),
             i.mac_address.as_deref().unwrap_or("-"),
             if i.addresses.is_empty() {
                 "-".to_string()
@@ -447,16 +507,45 @@ pub fn render_text(f: &Facts) -> String {
             }
         );
     }
+    if !h.disks.is_empty() {
+        let _ = writeln!(s, "\n{:<16}{:<36}ROTATIONAL", "DISK", "SIZE");
+        for d in &h.disks {
+            let size = format!("{:.1} GiB ({} bytes)", gib(d.size_bytes), d.size_bytes);
+            let _ = writeln!(
+                s,
+                "{:<16}{size:<36}{}",
+                d.name,
+                if d.rotational { "yes" } else { "no" }
+            );
+        }
+    }
+    if !h.accelerators.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n{:<16}{:<8}{:<16}CLASS",
+            "ACCELERATOR", "VENDOR", "DEVICE"
+        );
+        for a in &h.accelerators {
+            let _ = writeln!(
+                s,
+                "{:<16}{:<8}{:<16}{}",
+                a.pci_address,
+                a.vendor,
+                format!("{}:{}", a.vendor_id, a.device_id),
+                a.class
+            );
+        }
+    }
     s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use byoh_api::byohost::{Accelerator, Disk};
 
-    #[test]
-    fn text_output_is_lines_for_people_and_names_every_interface() {
-        let f = Facts {
+    fn sample() -> Facts {
+        Facts {
             host_info: HostInfo {
                 hostname: "node-1".into(),
                 os_name: "debian".into(),
@@ -466,6 +555,22 @@ mod tests {
                 architecture: "arm64".into(),
                 cpus: 4,
                 memory_bytes: 8 << 30,
+                cpu_model: Some("Neoverse-N1".into()),
+                cpu_cores: Some(4),
+                cgroup_version: Some("v2".into()),
+                container_runtime_version: None,
+                disks: vec![Disk {
+                    name: "vda".into(),
+                    size_bytes: 20 << 30,
+                    rotational: false,
+                }],
+                accelerators: vec![Accelerator {
+                    vendor: "nvidia".into(),
+                    vendor_id: "0x10de".into(),
+                    device_id: "0x20b0".into(),
+                    class: "0x030200".into(),
+                    pci_address: "0000:3b:00.0".into(),
+                }],
             },
             network: NetworkStatus {
                 default_interface: Some("eth0".into()),
@@ -475,12 +580,14 @@ mod tests {
                         mac_address: Some("02:00:00:00:00:01".into()),
                         up: true,
                         addresses: vec!["10.0.0.5/24".into()],
+                        speed_mbps: Some(10_000),
                     },
                     NetworkInterface {
                         name: "eth1".into(),
                         mac_address: None,
                         up: false,
                         addresses: vec![],
+                        speed_mbps: None,
                     },
                 ],
             },
@@ -488,13 +595,109 @@ mod tests {
                 type_: "InternalIP".into(),
                 address: "10.0.0.5".into(),
             }],
-        };
-        let text = render_text(&f);
+        }
+    }
+
+    #[test]
+    fn text_output_is_lines_for_people_and_names_every_interface() {
+        let text = render_text(&sample());
         assert_eq!(
             text,
-            "hostname        node-1\nos              Debian GNU/Linux 12 (bookworm) (debian 12)\nkernel          6.1.0\narchitecture    arm64\ncpus            4\nmemory          8.0 GiB (8589934592 bytes)\ndefault route   eth0\nnode addresses  InternalIP 10.0.0.5\n\nINTERFACE       STATE  MAC                ADDRESSES\neth0            up     02:00:00:00:00:01  10.0.0.5/24\neth1            down   -                  -\n"
+            "hostname        node-1\nos              Debian GNU/Linux 12 (bookworm) (debian 12)\nkernel          6.1.0\narchitecture    arm64\ncpu model       Neoverse-N1\ncpu cores       4\ncpus            4\nmemory          8.0 GiB (8589934592 bytes)\ncgroup          v2\nruntime         none\ndefault route   eth0\nnode addresses  InternalIP 10.0.0.5\n\nINTERFACE       STATE  SPEED      MAC                ADDRESSES\neth0            up     10000Mb/s  02:00:00:00:00:01  10.0.0.5/24\neth1            down   -          -                  -\n\nDISK            SIZE                                ROTATIONAL\nvda             20.0 GiB (21474836480 bytes)        no\n\nACCELERATOR     VENDOR  DEVICE          CLASS\n0000:3b:00.0    nvidia  0x10de:0x20b0   0x030200\n"
         );
         assert!(text.lines().all(|l| l == l.trim_end()), "{text}");
+    }
+
+    #[test]
+    fn fact_labels_from_facts() {
+        let mut info = sample().host_info;
+        let l = fact_labels(&info);
+        let get = |l: &BTreeMap<String, String>, k: &str| l.get(k).cloned();
+        assert_eq!(get(&l, labels::HOST_OS).as_deref(), Some("debian"));
+        assert_eq!(get(&l, labels::HOST_ARCH).as_deref(), Some("arm64"));
+        assert_eq!(get(&l, labels::HOST_CPU_CORES).as_deref(), Some("4"));
+        assert_eq!(get(&l, labels::HOST_MEMORY_GIB).as_deref(), Some("8"));
+        assert_eq!(
+            get(&l, labels::HOST_ACCELERATOR_VENDOR).as_deref(),
+            Some("nvidia")
+        );
+        assert!(l.keys().all(|k| labels::FACT_LABELS.contains(&k.as_str())));
+        // MemTotal a little under 16 GiB reads 16; no topology: the online CPUs; no
+        // accelerator: no vendor label (the apply then removes it).
+        info.memory_bytes = 16_700_000_000;
+        info.cpu_cores = None;
+        info.cpus = 6;
+        info.accelerators.clear();
+        let l = fact_labels(&info);
+        assert_eq!(get(&l, labels::HOST_MEMORY_GIB).as_deref(), Some("16"));
+        assert_eq!(get(&l, labels::HOST_CPU_CORES).as_deref(), Some("6"));
+        assert_eq!(get(&l, labels::HOST_ACCELERATOR_VENDOR), None);
+        // Two Intel devices beat one NVIDIA one; a tie goes to the earlier vendor.
+        let acc = |vendor: &str| Accelerator {
+            vendor: vendor.into(),
+            ..Default::default()
+        };
+        info.accelerators = vec![acc("intel"), acc("nvidia"), acc("intel")];
+        assert_eq!(
+            get(&fact_labels(&info), labels::HOST_ACCELERATOR_VENDOR).as_deref(),
+            Some("intel")
+        );
+        info.accelerators = vec![acc("intel"), acc("amd")];
+        assert_eq!(
+            get(&fact_labels(&info), labels::HOST_ACCELERATOR_VENDOR).as_deref(),
+            Some("amd")
+        );
+    }
+
+    #[test]
+    fn gathers_hardware_facts_under_a_fake_root() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let write = |path: &str, content: &str| {
+            let p = r.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        };
+        write("etc/os-release", "ID=debian\nVERSION_ID=12\n");
+        // The fields procfs requires of /proc/meminfo.
+        write(
+            "proc/meminfo",
+            "MemTotal:       65536000 kB\nMemFree: 1000 kB\nBuffers: 1000 kB\nCached: 1000 kB\nSwapCached: 1000 kB\nActive: 1000 kB\nInactive: 1000 kB\nSwapTotal: 1000 kB\nSwapFree: 1000 kB\nDirty: 1000 kB\nWriteback: 1000 kB\nMapped: 1000 kB\nSlab: 1000 kB\nCommitted_AS: 1000 kB\nVmallocTotal: 1000 kB\nVmallocUsed: 1000 kB\nVmallocChunk: 1000 kB\n",
+        );
+        write(
+            "proc/cpuinfo",
+            "processor\t: 0\nmodel name\t: Fake CPU 9000\n",
+        );
+        write(
+            "sys/devices/system/cpu/cpu0/topology/physical_package_id",
+            "0\n",
+        );
+        write("sys/devices/system/cpu/cpu0/topology/core_id", "0\n");
+        write("sys/block/sdb/size", "2048\n");
+        write("sys/block/sdb/queue/rotational", "1\n");
+        write("sys/bus/pci/devices/0000:01:00.0/vendor", "0x1002\n");
+        write("sys/bus/pci/devices/0000:01:00.0/device", "0x73bf\n");
+        write("sys/bus/pci/devices/0000:01:00.0/class", "0x030000\n");
+        write("sys/fs/cgroup/cgroup.controllers", "cpu memory\n");
+        let f = gather(r, Some("fake")).unwrap();
+        let h = &f.host_info;
+        assert_eq!(h.memory_bytes, 65_536_000 * 1024);
+        assert_eq!(h.cpu_model.as_deref(), Some("Fake CPU 9000"));
+        assert_eq!(h.cpu_cores, Some(1));
+        assert_eq!(h.cgroup_version.as_deref(), Some("v2"));
+        assert_eq!(h.container_runtime_version, None);
+        assert_eq!(
+            h.disks,
+            [Disk {
+                name: "sdb".into(),
+                size_bytes: 2048 * 512,
+                rotational: true
+            }]
+        );
+        assert_eq!(h.accelerators.len(), 1);
+        assert_eq!(h.accelerators[0].vendor, "amd");
+        // Interfaces come from the kernel (getifaddrs); no speed files under the fake root.
+        assert!(f.network.interfaces.iter().all(|i| i.speed_mbps.is_none()));
     }
 
     fn info(id: &str, version: &str, arch: &str) -> HostInfo {
@@ -607,12 +810,14 @@ mod tests {
                         "fe80::1/64".into(),
                         "2001:db8::7/64".into(),
                     ],
+                    speed_mbps: None,
                 },
                 NetworkInterface {
                     name: "eth1".into(),
                     mac_address: None,
                     up: true,
                     addresses: vec!["198.51.100.1/24".into()],
+                    speed_mbps: None,
                 },
             ],
         };

@@ -1,0 +1,142 @@
+//! The container runtime's version, as the kubelet reports it in `Node.status.nodeInfo`
+//! (`containerd://<version>`).
+//!
+//! No file on the host holds containerd's version: distribution packages record their own
+//! package version (`1.6.20~ds1-1+b1`, not the runtime's), a tarball install records nothing,
+//! and the binary carries it only as a Go linker variable. So the version comes from
+//! `containerd --version` (its first line is `containerd <module> <version> <revision>`), run
+//! only when the binary's size or modification time changed since the last run (a cache keyed
+//! by path), with a time limit, and never through a shell.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+/// Where containerd is looked for under the root, in order: the distribution package's path,
+/// then the tarball installer's.
+pub const CONTAINERD_PATHS: &[&str] = &["usr/bin/containerd", "usr/local/bin/containerd"];
+
+/// Longest wait for `containerd --version`.
+pub const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Size and modification time of a binary when it was last asked.
+type Stamp = (u64, Option<SystemTime>);
+
+/// Last answer per binary path with the binary's [`Stamp`], so an unchanged binary is not run
+/// again on every facts refresh.
+static CACHE: Mutex<BTreeMap<PathBuf, (Stamp, Option<String>)>> = Mutex::new(BTreeMap::new());
+
+/// `containerd://<version>` of the first containerd binary under `root` ([`CONTAINERD_PATHS`]);
+/// `None` when there is none, or it does not answer `--version` within [`VERSION_TIMEOUT`]
+/// with a version.
+pub fn container_runtime_version(root: &Path) -> Option<String> {
+    let (path, meta) = CONTAINERD_PATHS.iter().find_map(|p| {
+        let path = root.join(p);
+        std::fs::metadata(&path)
+            .ok()
+            .filter(std::fs::Metadata::is_file)
+            .map(|m| (path, m))
+    })?;
+    let stamp: Stamp = (meta.len(), meta.modified().ok());
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((cached, answer)) = cache.get(&path)
+        && *cached == stamp
+    {
+        return answer.clone();
+    }
+    let answer = run_version(&path).and_then(|out| parse_containerd_version(&out));
+    cache.insert(path, (stamp, answer.clone()));
+    answer
+}
+
+/// Parses the first line of `containerd --version`
+/// (`containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1`) into
+/// `containerd://1.6.20~ds1`; the version is kept as printed, as the kubelet keeps what the
+/// runtime's Version API answers (the same string).
+pub fn parse_containerd_version(output: &str) -> Option<String> {
+    let mut fields = output.lines().next()?.split_whitespace();
+    (fields.next()? == "containerd").then_some(())?;
+    let version = fields.nth(1)?;
+    Some(format!("containerd://{version}"))
+}
+
+fn run_version(binary: &Path) -> Option<String> {
+    let mut child = std::process::Command::new(binary)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let started = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() < VERSION_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take()?, &mut out).ok()?;
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn version_line_parsed() {
+        assert_eq!(
+            parse_containerd_version(
+                "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1\n"
+            )
+            .as_deref(),
+            Some("containerd://1.6.20~ds1")
+        );
+        assert_eq!(
+            parse_containerd_version(
+                "containerd github.com/containerd/containerd/v2 v2.0.4 1a43cb6a1035441f9aca8f5666a9b3ef9e70ab20\n"
+            )
+            .as_deref(),
+            Some("containerd://v2.0.4")
+        );
+        assert_eq!(parse_containerd_version("crio version 1.30\n"), None);
+        assert_eq!(parse_containerd_version(""), None);
+    }
+
+    #[test]
+    fn runs_the_binary_under_root_once_per_change() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(container_runtime_version(root.path()), None);
+        let bin = root.path().join("usr/local/bin/containerd");
+        std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+        let counter = root.path().join("runs");
+        let script = format!(
+            "#!/bin/sh\necho x >> {}\necho 'containerd github.com/containerd/containerd v1.7.13 7c3aca7'\n",
+            counter.display()
+        );
+        std::fs::write(&bin, &script).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            container_runtime_version(root.path()).as_deref(),
+            Some("containerd://v1.7.13")
+        );
+        assert_eq!(
+            container_runtime_version(root.path()).as_deref(),
+            Some("containerd://v1.7.13")
+        );
+        let runs = std::fs::read_to_string(&counter).unwrap();
+        assert_eq!(runs.lines().count(), 1, "an unchanged binary runs once");
+    }
+}
