@@ -1,5 +1,6 @@
-//! Booted Debian 12 systemd hosts (systemd-nspawn over a per-host overlayfs copy of a cached
-//! image), driven through the scripts in `tests/hosts/` (see `docs/local_dev.md`, "Test hosts").
+//! Booted Debian 12 (or 13: [`Debian`]) systemd hosts (systemd-nspawn over a per-host overlayfs
+//! copy of a cached image), driven through the scripts in `tests/hosts/` (see `docs/local_dev.md`,
+//! "Test hosts").
 //!
 //! Each [`Host`] is a real systemd host: systemd as PID 1, D-Bus, journald, containerd. It
 //! shares the network of the machine running the tests, so an agent inside reaches a test API
@@ -129,11 +130,89 @@ pub fn unique_name(label: &str) -> String {
     format!("{}{clean}-{:x}{n}", name_prefix(), std::process::id())
 }
 
+/// The Debian release a test host runs: the plain image is Debian 12; Debian 13 is the image's
+/// `debian13` flavour (`tests/hosts/image --flavor debian13`, from the same mirror). The tests
+/// that must hold on both (registration, the `.deb`'s life, a bootstrap through the `packages`
+/// source) take one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Debian {
+    /// Debian 12 (bookworm): the plain image.
+    Bookworm,
+    /// Debian 13 (trixie): the `debian13` flavour.
+    Trixie,
+}
+
+/// Environment variable naming the Debian 13 image's rootfs; `tests/run` exports it, and under
+/// `make test` it must be set (the image is built before the tests, not inside one).
+pub const DEBIAN13_IMAGE_ENV: &str = "BYOH_TEST_HOST_IMAGE_DEBIAN13";
+
+impl Debian {
+    /// os-release's `VERSION_ID`: `12` or `13`.
+    pub fn version_id(self) -> &'static str {
+        match self {
+            Debian::Bookworm => "12",
+            Debian::Trixie => "13",
+        }
+    }
+
+    /// The start of os-release's `PRETTY_NAME`, e.g. `Debian GNU/Linux 13`.
+    pub fn pretty_name(self) -> String {
+        format!("Debian GNU/Linux {}", self.version_id())
+    }
+
+    /// The image flavour (`boot --flavor`) of this release.
+    pub fn flavor(self) -> Option<&'static str> {
+        match self {
+            Debian::Bookworm => None,
+            Debian::Trixie => Some("debian13"),
+        }
+    }
+
+    /// `label` for a host of this release (`label` itself on Debian 12, `label-d13` on 13), so
+    /// that the two runs of one scenario have their own host names.
+    pub fn label(self, label: &str) -> String {
+        match self {
+            Debian::Bookworm => label.to_string(),
+            Debian::Trixie => format!("{label}-d13"),
+        }
+    }
+
+    /// Boot options for a host of this release.
+    pub fn boot_options(self) -> BootOptions {
+        BootOptions {
+            flavor: self.flavor().map(str::to_string),
+            ..BootOptions::default()
+        }
+    }
+
+    /// Whether hosts of this release can be booted here ([`available`], and for Debian 13 its
+    /// image exported in [`DEBIAN13_IMAGE_ENV`]). Prints why the test is skipped and returns
+    /// `false`; panics instead under `make test`, where `tests/run` exports the image. Outside
+    /// `make test` an unset variable is fine: `tests/hosts/boot` builds the image (once).
+    pub fn available(self) -> bool {
+        if !available() {
+            return false;
+        }
+        if self == Debian::Trixie && crate::test_bed_required() {
+            let image = std::env::var_os(DEBIAN13_IMAGE_ENV).unwrap_or_default();
+            if image.is_empty() || !Path::new(&image).join("lib/systemd/systemd").exists() {
+                crate::missing_part(&format!(
+                    "{DEBIAN13_IMAGE_ENV} does not name a built Debian 13 image ({image:?}); \
+                     tests/run exports it from tests/hosts/image --flavor debian13"
+                ));
+                return false;
+            }
+        }
+        true
+    }
+}
+
 /// How to boot a host; [`BootOptions::default`] boots the plain image.
 #[derive(Debug, Clone, Default)]
 pub struct BootOptions {
     /// The image flavour (`boot --flavor`): `None` for the plain Debian 12 image, `Some("dnf")`
-    /// for the one with Debian's dnf and rpm (the RHEL family's stand-in, docs/local_dev.md).
+    /// for the one with Debian's dnf and rpm (the RHEL family's stand-in, docs/local_dev.md),
+    /// `Some("debian13")` for Debian 13 ([`Debian::Trixie`]).
     pub flavor: Option<String>,
     /// Replaces `/etc/os-release` inside with this file (to test unsupported systems).
     pub os_release: Option<PathBuf>,

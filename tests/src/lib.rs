@@ -2,7 +2,7 @@
 //!
 //! - [`control_plane`]: a real kube-apiserver + etcd + kube-controller-manager started by
 //!   `tests/control-plane/up` (once per `make test`), and a `kube::Client` for it.
-//! - [`hosts`]: booted Debian 12 systemd hosts (systemd-nspawn) from `tests/hosts/*`.
+//! - [`hosts`]: booted Debian 12 and 13 systemd hosts (systemd-nspawn) from `tests/hosts/*`.
 //! - [`kubeadm`]: the control plane prepared for `kubeadm join`, the installer artifacts served
 //!   on loopback, CABPK-shaped join data (end-to-end test, demo).
 //! - [`http`]: a loopback HTTP(S) file server that counts requests (installer downloads), and a

@@ -1,12 +1,13 @@
 //! System tests of issue 5: `byoh-agent` as a systemd service on a booted Debian 12 host,
-//! registering with the real API server through a real TLS bootstrap.
+//! registering with the real API server through a real TLS bootstrap; the registration also on
+//! Debian 13 (issue 17).
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
-use byoh_tests::hosts::{self, BootOptions, Host};
+use byoh_tests::hosts::{self, BootOptions, Debian, Host};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use std::time::Duration;
@@ -59,13 +60,25 @@ async fn renew_time(leases: &Api<Lease>, name: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_registers_as_a_systemd_service_and_keeps_its_identity_across_restarts() {
+    registers_and_keeps_its_identity(Debian::Bookworm).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_registers_on_debian13_and_keeps_its_identity_across_restarts() {
+    registers_and_keeps_its_identity(Debian::Trixie).await;
+}
+
+/// The agent's unit started on a host of `debian`: TLS bootstrap, the ByoHost with the host's
+/// own facts, READY and its status text, Lease renewals, journal fields; a restart keeps the
+/// identity.
+async fn registers_and_keeps_its_identity(debian: Debian) {
     let Some(client) = control_plane::client().await else {
         return;
     };
-    if !hosts::available() {
+    if !debian.available() {
         return;
     }
-    let ns = TestNamespace::create(&client, "agent-register")
+    let ns = TestNamespace::create(&client, &debian.label("agent-register"))
         .await
         .unwrap();
     agent::grant_host_rbac(&client, ns.name()).await.unwrap();
@@ -74,7 +87,9 @@ async fn agent_registers_as_a_systemd_service_and_keeps_its_identity_across_rest
         .unwrap();
     let bootstrap =
         agent::bootstrap_kubeconfig(&control_plane::kubeconfig_path().unwrap(), &token).unwrap();
-    let host = Host::boot("agent-register").await.unwrap();
+    let host = Host::boot_with(&debian.label("agent-register"), &debian.boot_options())
+        .await
+        .unwrap();
     let name = host.name().to_string();
     agent::install_agent(&host, &config(ns.name(), ""), Some(&bootstrap))
         .await
@@ -103,15 +118,15 @@ async fn agent_registers_as_a_systemd_service_and_keeps_its_identity_across_rest
     .await
     .unwrap();
 
-    // Facts are the host's own: Debian 12, its kernel and architecture, addresses.
+    // Facts are the host's own: its Debian release, kernel and architecture, addresses.
     let status = registered.status.clone().unwrap();
     let info = status.host_info.clone().unwrap();
     assert_eq!(
         (info.os_name.as_str(), info.os_version.as_str()),
-        ("debian", "12")
+        ("debian", debian.version_id())
     );
     assert!(
-        info.os_image.contains("Debian GNU/Linux 12"),
+        info.os_image.starts_with(&debian.pretty_name()),
         "{}",
         info.os_image
     );

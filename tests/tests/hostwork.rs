@@ -1,7 +1,8 @@
 //! System tests of issue 7 (host work): a registered agent on a booted host turns a claim into
 //! a bootstrapped node with CABPK-shaped bootstrap data, puts the host back as it was on
 //! release, survives being killed at each step boundary without running any non-idempotent step
-//! twice, finishes a bootstrap while the API server is down, and reports kubelet's state.
+//! twice, finishes a bootstrap while the API server is down, and reports kubelet's state. The
+//! CABPK bootstrap and its release run on Debian 13 too (issue 17).
 //! The claim is written by the test as the controller would (the controller has its own tests).
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
@@ -10,7 +11,7 @@ use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint, step_pairs};
-use byoh_tests::hosts::{self, Host};
+use byoh_tests::hosts::{self, Debian, Host};
 use byoh_tests::tarball;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
@@ -54,12 +55,23 @@ async fn wait_cleaned(hosts: &Api<ByoHost>, name: &str, uid: &str) {
 }
 
 async fn setup(label: &str) -> Option<(kube::Client, TestNamespace, Host, Api<ByoHost>)> {
+    setup_on(Debian::Bookworm, label).await
+}
+
+/// A registered host of `debian` with the stand-in kubeadm, in a namespace of its own.
+async fn setup_on(
+    debian: Debian,
+    label: &str,
+) -> Option<(kube::Client, TestNamespace, Host, Api<ByoHost>)> {
     let client = control_plane::client().await?;
-    if !hosts::available() {
+    if !debian.available() {
         return None;
     }
-    let ns = TestNamespace::create(&client, label).await.unwrap();
-    let host = Host::boot(label).await.unwrap();
+    let label = debian.label(label);
+    let ns = TestNamespace::create(&client, &label).await.unwrap();
+    let host = Host::boot_with(&label, &debian.boot_options())
+        .await
+        .unwrap();
     host.write_file("/usr/local/bin/kubeadm", FAKE_KUBEADM.as_bytes(), 0o755)
         .await
         .unwrap();
@@ -78,7 +90,19 @@ async fn setup(label: &str) -> Option<(kube::Client, TestNamespace, Host, Api<By
 
 #[tokio::test(flavor = "multi_thread")]
 async fn claim_bootstraps_cabpk_data_and_release_restores_the_host() {
-    let Some((client, ns, host, hosts)) = setup("hostwork-cabpk").await else {
+    cabpk_bootstrap_and_release(Debian::Bookworm).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_bootstraps_cabpk_data_and_release_restores_a_debian13_host() {
+    cabpk_bootstrap_and_release(Debian::Trixie).await;
+}
+
+/// CABPK-shaped join data on a registered host of `debian` with a stand-in kubeadm: the files,
+/// commands and sentinel as the case says, the providerID drop-in, no token in the journal;
+/// the release resets and returns the host to its pre-claim state.
+async fn cabpk_bootstrap_and_release(debian: Debian) {
+    let Some((client, ns, host, hosts)) = setup_on(debian, "hostwork-cabpk").await else {
         return;
     };
     let name = host.name().to_string();

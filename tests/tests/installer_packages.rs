@@ -1,5 +1,5 @@
 //! System test of the installer's `packages` source (issue 7) against a real apt repository, on a
-//! booted Debian 12 host, through a real claim.
+//! booted Debian 12 host, through a real claim; the same on Debian 13 (apt 3, issue 17).
 //!
 //! The test builds a flat apt repository with `dpkg-deb`: stand-in `kubeadm`, `kubelet` and
 //! `kubectl` packages at two versions (1.36.3-1.1 and 1.36.4-1.1) and their dependencies
@@ -25,7 +25,7 @@ use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::apt_repo::{self, Package};
 use byoh_tests::control_plane::{self, TestNamespace};
-use byoh_tests::hosts::{self, Host};
+use byoh_tests::hosts::{Debian, Host};
 use byoh_tests::packages_claim::{self, ALL_PACKAGES, condition, exists, release, wait_phase};
 use kube::Api;
 use std::time::Duration;
@@ -73,10 +73,23 @@ async fn installed(host: &Host) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn packages_source_installs_the_pinned_held_version_from_a_signed_repository_and_reverts_it()
 {
+    installs_and_reverts(Debian::Bookworm).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn packages_source_installs_and_reverts_on_debian13() {
+    installs_and_reverts(Debian::Trixie).await;
+}
+
+/// On a host of `debian`: a wrong key and an unsigned repository fail the claim and leave
+/// nothing; the signed repository installs the pinned version, held, kubelet runs and the
+/// stand-in kubeadm joins; the release reverts the host; then the dpkg lock and kept packages
+/// of issue 16.
+async fn installs_and_reverts(debian: Debian) {
     let Some(client) = control_plane::client().await else {
         return;
     };
-    if !hosts::available() {
+    if !debian.available() {
         return;
     }
     let started = std::time::Instant::now();
@@ -88,7 +101,7 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         "/InRelease".into(),
         keys.key.clearsign(&release_text).unwrap(),
     ));
-    let ns = TestNamespace::create(&client, "installer-packages")
+    let ns = TestNamespace::create(&client, &debian.label("installer-packages"))
         .await
         .unwrap();
     let served =
@@ -100,7 +113,9 @@ async fn packages_source_installs_the_pinned_held_version_from_a_signed_reposito
         started.elapsed().as_secs_f64()
     );
 
-    let host = Host::boot("installer-packages").await.unwrap();
+    let host = Host::boot_with(&debian.label("installer-packages"), &debian.boot_options())
+        .await
+        .unwrap();
     let name = host.name().to_string();
     let hosts = packages_claim::register_trusting(&client, ns.name(), &host, &served, "").await;
     let before = agent::snapshot(&host).await.unwrap();

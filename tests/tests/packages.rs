@@ -3,9 +3,9 @@
 //! - their contents (`dpkg-deb -c`, `rpm -qp`) for all four packages, the arm64 binary's ELF
 //!   header, and the arm64 binary run under qemu-user;
 //! - the controller's OCI image archive (`make image`);
-//! - the whole life of the amd64 `.deb` on a booted Debian 12 host: install, configure and
-//!   register, upgrade, remove, reinstall, purge refused while claimed, forced purge leaving
-//!   nothing behind.
+//! - the whole life of the amd64 `.deb` on a booted Debian 12 host, and on a Debian 13 one:
+//!   install, configure and register, upgrade, remove, reinstall, purge refused while claimed,
+//!   forced purge leaving nothing behind.
 //!
 //! `make test` builds the packages and the image first (and lints them: `make lint-packages`);
 //! run by hand after `make packages image`.
@@ -15,7 +15,7 @@
 use byoh_api::ByoHost;
 use byoh_tests::agent::{self, repo_root, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
-use byoh_tests::hosts::{self, DIST_DIR, Host};
+use byoh_tests::hosts::{self, DIST_DIR, Debian, Host};
 use kube::Api;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -437,21 +437,37 @@ fn reversioned(deb: &Path, version: &str, dir: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_deb_installs_upgrades_removes_and_purges_on_a_booted_host() {
+    deb_life(Debian::Bookworm).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deb_installs_upgrades_removes_and_purges_on_a_booted_debian13_host() {
+    deb_life(Debian::Trixie).await;
+}
+
+/// The amd64 `.deb` on a booted host of `debian`: installed (enabled, not started), configured
+/// and registered, upgraded (restarted, same identity), removed (config and identity kept),
+/// reinstalled, purge refused while claimed, forced purge leaving no file behind.
+async fn deb_life(debian: Debian) {
     let Some(_) = packages() else { return };
     let Some(client) = control_plane::client().await else {
         return;
     };
-    if !hosts::available() {
+    if !debian.available() {
         return;
     }
-    let ns = TestNamespace::create(&client, "packages").await.unwrap();
+    let ns = TestNamespace::create(&client, &debian.label("packages"))
+        .await
+        .unwrap();
     agent::grant_host_rbac(&client, ns.name()).await.unwrap();
     let token = agent::create_bootstrap_token(&client, Duration::from_secs(3600))
         .await
         .unwrap();
     let bootstrap =
         agent::bootstrap_kubeconfig(&control_plane::kubeconfig_path().unwrap(), &token).unwrap();
-    let host = Host::boot("packages").await.unwrap();
+    let host = Host::boot_with(&debian.label("packages"), &debian.boot_options())
+        .await
+        .unwrap();
     let name = host.name().to_string();
     let before = host.run(&["sh", "-c", FIND_PERSISTENT]).await.unwrap();
 
