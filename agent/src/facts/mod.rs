@@ -329,7 +329,9 @@ pub struct SupportedOs {
     pub package_format: &'static str,
 }
 
-/// Supported distributions (DESIGN.md §2): Ubuntu 22.04/24.04, Debian 12, RHEL/Rocky/Alma 9.
+/// Supported distributions (DESIGN.md §2): Ubuntu 22.04/24.04, Debian 12 and 13, RHEL/Rocky/Alma
+/// 9. Debian 13 was added once the registration, `.deb` and `packages`-source bootstrap tests
+/// passed on booted Debian 13 hosts (issue 17, docs/local_dev.md).
 pub const SUPPORTED_OS: &[SupportedOs] = &[
     SupportedOs {
         name: "Ubuntu 22.04 LTS",
@@ -347,6 +349,12 @@ pub const SUPPORTED_OS: &[SupportedOs] = &[
         name: "Debian 12",
         id: "debian",
         version: "12",
+        package_format: "deb",
+    },
+    SupportedOs {
+        name: "Debian 13",
+        id: "debian",
+        version: "13",
         package_format: "deb",
     },
     SupportedOs {
@@ -742,7 +750,10 @@ mod tests {
             ("debian", "12", "amd64", true),
             ("debian", "12", "arm64", true),
             ("debian", "11", "amd64", false),
-            ("debian", "13", "amd64", false),
+            ("debian", "13", "amd64", true),
+            ("debian", "13", "arm64", true),
+            ("debian", "14", "amd64", false),
+            ("debian", "130", "amd64", false),
             ("ubuntu", "22.04", "amd64", true),
             ("ubuntu", "24.04", "arm64", true),
             ("ubuntu", "20.04", "amd64", false),
@@ -766,6 +777,7 @@ mod tests {
         assert!(
             msg.contains("ID=fedora")
                 && msg.contains("Debian 12")
+                && msg.contains("Debian 13")
                 && msg.contains("--skip-os-check"),
             "{msg}"
         );
