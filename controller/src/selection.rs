@@ -139,15 +139,18 @@ fn requirement_matches(r: &LabelSelectorRequirement, labels: &BTreeMap<String, S
     }
 }
 
-/// Whether `host` is out of the pool for maintenance ([`Rejection::Maintenance`]).
+/// Whether `host` is out of the pool for maintenance ([`Rejection::Maintenance`]): the
+/// administrator's annotation, or the condition `Maintenance=True` or `Decommissioning=True`.
 pub fn in_maintenance(host: &ByoHost) -> bool {
     let annotated = host
         .metadata
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(labels::MAINTENANCE));
+    // A host being decommissioned (`byoh-agent decommission`) is out of the pool too.
     let requested = host.status.as_ref().is_some_and(|s| {
-        byoh_api::conditions::is_true(&s.conditions, byoh_api::conditions::types::MAINTENANCE)
+        use byoh_api::conditions::{is_true, types};
+        is_true(&s.conditions, types::MAINTENANCE) || is_true(&s.conditions, types::DECOMMISSIONING)
     });
     annotated || requested
 }
