@@ -26,6 +26,12 @@ const FAKE_KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log
 /// The identity files the decommission removes.
 const IDENTITY: &[&str] = &["/var/lib/byoh/kubeconfig", "/var/lib/byoh/pending-csr.json"];
 
+/// CABPK-shaped worker bootstrap data (its `kubeadm join` runs the fake kubeadm).
+fn cabpk_case() -> String {
+    let path = agent::repo_root().join("tests/cases/cloudinit/10-cabpk-worker-join.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 struct Bed {
     admin: Client,
     ns: TestNamespace,
@@ -87,6 +93,13 @@ async fn setup(label: &str) -> Option<Bed> {
         host,
         hosts,
     })
+}
+
+/// `byoh-agent decommission ARGS` on `host`.
+async fn decommission(host: &Host, args: &[&str]) -> hosts::ExecOutput {
+    let mut all = vec!["byoh-agent", "decommission"];
+    all.extend_from_slice(args);
+    host.exec(&all).await.unwrap()
 }
 
 /// Whether `status` is a refusal (403, by RBAC or an admission policy).
@@ -152,7 +165,11 @@ async fn a_free_host_decommissions_and_a_claimed_one_refuses() {
     let name = bed.host.name().to_string();
     let ns = bed.ns.name().to_string();
 
-    // Claimed (as the controller writes a claim): refused, naming the ByoMachine and --force.
+    // Claimed (as the controller writes a claim) and bootstrapped: refused, naming the
+    // ByoMachine and --force, with nothing changed.
+    agent::create_bootstrap_secret(&bed.admin, &ns, "m-decom-bootstrap", &cabpk_case())
+        .await
+        .unwrap();
     agent::claim_host(
         &bed.admin,
         &ns,
@@ -163,11 +180,10 @@ async fn a_free_host_decommissions_and_a_claimed_one_refuses() {
     )
     .await
     .unwrap();
-    let out = bed
-        .host
-        .exec(&["byoh-agent", "decommission"])
+    agent::wait_phase(&bed.hosts, &name, "Provisioned", Duration::from_secs(90))
         .await
         .unwrap();
+    let out = decommission(&bed.host, &[]).await;
     assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
     assert!(out.stderr.contains("ByoMachine m-decom"), "{}", out.stderr);
     assert!(out.stderr.contains("--force"), "{}", out.stderr);
@@ -202,16 +218,25 @@ async fn a_free_host_decommissions_and_a_claimed_one_refuses() {
             .await,
     );
 
-    // The claim goes (as the controller drops it after a release): the host is free.
+    // Released as the controller releases (the agent cleans, then the claim goes): free.
+    agent::request_release(&bed.admin, &ns, &name)
+        .await
+        .unwrap();
+    wait_for("the agent's clean-up", Duration::from_secs(90), || async {
+        Ok(bed.hosts.get_opt(&name).await?.filter(|h| {
+            h.status
+                .as_ref()
+                .and_then(|s| s.cleaned_machine_uid.as_deref())
+                == Some("uid-decom-1")
+        }))
+    })
+    .await
+    .unwrap();
     agent::drop_claim(&bed.admin, &ns, &name).await.unwrap();
     agent::wait_phase(&bed.hosts, &name, "Available", Duration::from_secs(60))
         .await
         .unwrap();
-    let out = bed
-        .host
-        .exec(&["byoh-agent", "decommission"])
-        .await
-        .unwrap();
+    let out = decommission(&bed.host, &[]).await;
     assert!(
         out.success(),
         "{}{}\ncontroller:\n{}",
@@ -237,11 +262,7 @@ async fn a_free_host_decommissions_and_a_claimed_one_refuses() {
     assert_decommissioned(&bed).await;
 
     // A rerun finds everything done and succeeds.
-    let out = bed
-        .host
-        .exec(&["byoh-agent", "decommission"])
-        .await
-        .unwrap();
+    let out = decommission(&bed.host, &[]).await;
     assert!(out.success(), "{}{}", out.stdout, out.stderr);
     assert!(
         out.stdout.contains("no identity on this host"),
@@ -294,15 +315,9 @@ async fn force_releases_a_claimed_host_through_its_machine_then_decommissions() 
         )
         .await
         .unwrap();
-    let case = agent::repo_root().join("tests/cases/cloudinit/10-cabpk-worker-join.yaml");
-    agent::create_bootstrap_secret(
-        &bed.admin,
-        &ns,
-        "m1-bootstrap",
-        &std::fs::read_to_string(case).unwrap(),
-    )
-    .await
-    .unwrap();
+    agent::create_bootstrap_secret(&bed.admin, &ns, "m1-bootstrap", &cabpk_case())
+        .await
+        .unwrap();
     let machine: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
         "metadata": {"name": "m1", "namespace": ns, "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
@@ -342,19 +357,11 @@ async fn force_releases_a_claimed_host_through_its_machine_then_decommissions() 
     }
 
     // Without --force: refused, the claim stays.
-    let out = bed
-        .host
-        .exec(&["byoh-agent", "decommission"])
-        .await
-        .unwrap();
+    let out = decommission(&bed.host, &[]).await;
     assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
     assert!(out.stderr.contains("ByoMachine m1"), "{}", out.stderr);
 
-    let out = bed
-        .host
-        .exec(&["byoh-agent", "decommission", "--force", "--timeout", "3m"])
-        .await
-        .unwrap();
+    let out = decommission(&bed.host, &["--force", "--timeout", "3m"]).await;
     assert!(
         out.success(),
         "{}{}\ncontroller:\n{}\n{}",

@@ -125,24 +125,19 @@ async fn decommission(
     done(Step::Stop, t, "inactive (StopUnit)");
     match (&host, &byohost) {
         (Some(h), Some(_)) => {
-            let gone = h
+            let deleted = |step: Step, existed: bool| {
+                done(step, t, if existed { "deleted" } else { "gone already" })
+            };
+            let existed = h
                 .delete_lease()
                 .await
                 .map_err(|e| Failed(Step::DeleteLease, e.to_string()))?;
-            done(
-                Step::DeleteLease,
-                t,
-                if gone { "deleted" } else { "gone already" },
-            );
-            let gone = h
+            deleted(Step::DeleteLease, existed);
+            let existed = h
                 .delete()
                 .await
                 .map_err(|e| Failed(Step::DeleteHost, e.to_string()))?;
-            done(
-                Step::DeleteHost,
-                t,
-                if gone { "deleted" } else { "gone already" },
-            );
+            deleted(Step::DeleteHost, existed);
         }
         (Some(_), None) => {
             // Without its ByoHost the host has no grant left (its Role went with it): a Lease
@@ -156,23 +151,14 @@ async fn decommission(
             done(Step::DeleteHost, t, "gone already");
         }
         (None, _) => {
-            let hand = |s: Step| s.by_hand(t).unwrap_or_default();
-            done(
-                Step::DeleteLease,
-                t,
-                &format!(
-                    "skipped (no identity); if it is left: {}",
-                    hand(Step::DeleteLease)
-                ),
-            );
-            done(
-                Step::DeleteHost,
-                t,
-                &format!(
-                    "skipped (no identity); if it is left: {}",
-                    hand(Step::DeleteHost)
-                ),
-            );
+            for step in [Step::DeleteLease, Step::DeleteHost] {
+                let hand = step.by_hand(t).unwrap_or_default();
+                done(
+                    step,
+                    t,
+                    &format!("skipped (no identity); if it is left: {hand}"),
+                );
+            }
         }
     }
     let mut removed = Vec::new();
