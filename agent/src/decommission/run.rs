@@ -60,7 +60,7 @@ pub fn cli(force: bool, timeout: Duration, config: &Path) -> u8 {
             crate::EXIT_OK
         }
         Err(Stopped::Refused(why)) => {
-            eprintln!("byoh-agent: decommission refused: {why}");
+            eprintln!("byoh-agent: decommission refused, nothing changed: {why}");
             crate::EXIT_FAILURE
         }
         Err(Failed(step, why)) => {
@@ -103,7 +103,12 @@ async fn decommission(
             .await
             .map_err(|e| Failed(Step::Maintenance, e.to_string()))?;
             done(Step::Maintenance, t, "Maintenance=True");
-            release(h, b, t, timeout).await?;
+            // Read again: a claim made between the first read and Maintenance=True counts.
+            let fresh = read(h)
+                .await
+                .map_err(|e| Failed(Step::Release, e))?
+                .unwrap_or_else(|| b.clone());
+            release(h, &fresh, t, force, timeout).await?;
         }
         _ => {
             done(Step::Maintenance, t, "skipped (no ByoHost to take out)");
@@ -220,20 +225,25 @@ async fn read(host: &HostHandle) -> Result<Option<ByoHost>, String> {
     }
 }
 
-/// The release step: nothing for a free host; for a claimed one (only with `--force`, checked
-/// before) `Decommissioning=True`, then a wait until the host is free and clean; for one
+/// The release step: nothing for a free host; for a claimed one, refused without `force` (a
+/// claim made since the first read), else `Decommissioning=True`, then a wait until the host is free and clean; for one
 /// released without clean-up, the wait for the agent's clean-up.
 async fn release(
     host: &HostHandle,
     byohost: &ByoHost,
     t: &Target,
+    force: bool,
     timeout: Duration,
 ) -> Result<(), Stopped> {
     let fail = |why: String| Failed(Step::Release, why);
     let first = standing(byohost);
-    if first == Standing::Free {
-        done(Step::Release, t, "not claimed");
-        return Ok(());
+    match &first {
+        Standing::Free => {
+            done(Step::Release, t, "not claimed");
+            return Ok(());
+        }
+        Standing::Claimed { machine, .. } if !force => return Err(fail(refusal(t, machine))),
+        _ => {}
     }
     // The running agent does the clean-up: without it the wait cannot end.
     let units = SystemdManager::connect()
