@@ -437,12 +437,18 @@ mod tests {
                     host.metadata.annotations =
                         Some([(labels::MAINTENANCE.to_string(), "disk swap".to_string())].into());
                 }
-                Some(_) => {
+                Some(kind) => {
+                    use byoh_api::conditions::{reasons, types};
+                    let (type_, reason) = if kind == "decommissioning" {
+                        (types::DECOMMISSIONING, reasons::DECOMMISSION_REQUESTED)
+                    } else {
+                        (types::MAINTENANCE, reasons::MAINTENANCE_REQUESTED)
+                    };
                     if let Some(status) = host.status.as_mut() {
                         byoh_api::conditions::Marker::new(None, Time(now())).mark_true(
                             &mut status.conditions,
-                            byoh_api::conditions::types::MAINTENANCE,
-                            byoh_api::conditions::reasons::MAINTENANCE_REQUESTED,
+                            type_,
+                            reason,
                             "disk swap",
                         );
                     }
@@ -603,6 +609,15 @@ mod tests {
                 "maintenance asked for on the host (condition)",
                 H {
                     maintenance: Some("condition"),
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::Maintenance),
+            ),
+            (
+                "being decommissioned (condition)",
+                H {
+                    maintenance: Some("decommissioning"),
                     ..h("a")
                 },
                 req(),
