@@ -223,11 +223,8 @@ mod tests {
             },
             cluster_name: "c".into(),
             bootstrap_secret_ref: LocalObjectReference { name: "s".into() },
-            installer_ref: None,
-            kubernetes_version: None,
-            provider_id: String::new(),
-            claimed_at: None,
             release_requested: releasing,
+            ..Default::default()
         });
         h
     }
