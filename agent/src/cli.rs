@@ -106,6 +106,22 @@ pub enum Command {
         #[arg(long, value_name = "TEXT", default_value = "")]
         reason: String,
     },
+    /// Take this host out of the pool for good: refused while it is claimed (unless
+    /// `--force`); then disable and stop byoh-agent.service, delete the host's Lease and
+    /// ByoHost with its own identity, and remove that identity (`<state_dir>/kubeconfig`,
+    /// `<state_dir>/pending-csr.json`). Each step is printed; a rerun finishes a partial one.
+    /// Exit 0 when done, 1 when refused or a step failed (what is left is printed), 78 if the
+    /// configuration is invalid.
+    Decommission {
+        /// If the host is claimed, ask the controller to release it first (it deletes the
+        /// claim's Machine; the running agent cleans the host), and wait for that.
+        #[arg(long)]
+        force: bool,
+        /// How long to wait for the release and clean-up of a claimed (`--force`) or
+        /// released but not yet cleaned host (e.g. `15m`).
+        #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Print a generated document (`agent` for docs/agent.md); `make manifests` writes it.
     #[command(hide = true)]
     GenDocs {

@@ -249,6 +249,32 @@ impl HostHandle {
             .map(|_| ())
     }
 
+    /// Deletes the host's Lease. `Ok(false)` when it was gone already.
+    ///
+    /// # Errors
+    /// [`HostApiError`] if the delete fails otherwise (403: no grant, e.g. the ByoHost and with
+    /// it the host's Role are gone).
+    pub async fn delete_lease(&self) -> Result<bool, HostApiError> {
+        match self.leases.delete(&self.name, &Default::default()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(self.err("deleting", "Lease")(e)),
+        }
+    }
+
+    /// Deletes the ByoHost. `Ok(false)` when it was gone already. The API server refuses the
+    /// delete of a claimed ByoHost by a host (admission policy `byoh-host-restriction`).
+    ///
+    /// # Errors
+    /// [`HostApiError`] if the delete fails otherwise.
+    pub async fn delete(&self) -> Result<bool, HostApiError> {
+        match self.hosts.delete(&self.name, &Default::default()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(self.err("deleting", "ByoHost")(e)),
+        }
+    }
+
     /// Creates or renews the host's Lease under `field_manager` (`holderIdentity` = host name,
     /// `leaseDurationSeconds` = `duration`, `renewTime` = now, label
     /// `byoh.infrastructure.cluster.x-k8s.io/host=<name>`, which the controller's Lease watch

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cloudinit;
 pub mod config;
 pub mod daemon;
+pub mod decommission;
 pub mod docs;
 pub mod doctor;
 pub mod events;

@@ -20,6 +20,9 @@ fn main() -> ExitCode {
         Command::Maintenance { state, reason } => {
             byoh_agent::maintenance::cli(state, &reason, &config)
         }
+        Command::Decommission { force, timeout } => {
+            byoh_agent::decommission::run::cli(force, timeout, &config)
+        }
         Command::Plan { command } => {
             byoh_agent::installer::cli::run(Action::Plan(command), &config)
         }

@@ -38,7 +38,7 @@ pub fn condition_for(state: MaintenanceState, reason: &str) -> (bool, &'static s
 
 /// The kubeconfig the host writes with: `[cluster] kubeconfig`, or the host certificate's
 /// (`<state_dir>/kubeconfig`) once the TLS bootstrap made it.
-fn host_kubeconfig(settings: &Settings) -> PathBuf {
+pub fn host_kubeconfig(settings: &Settings) -> PathBuf {
     match &settings.credentials {
         Credentials::Kubeconfig(path) => path.clone(),
         Credentials::Bootstrap(_) => IdentityPaths::new(&settings.state_dir).kubeconfig,

@@ -150,6 +150,11 @@ pub mod types {
     /// ByoHost: the host's operator took it out of the pool (`byoh-agent maintenance on`);
     /// while `True` the controller does not hand the host out.
     pub const MAINTENANCE: &str = "Maintenance";
+    /// ByoHost: the host's operator is taking it out of the pool for good (`byoh-agent
+    /// decommission --force` while claimed); while `True` on a claimed host, the controller
+    /// deletes the claim's Machine, as a MachineHealthCheck remediation would, so the host is
+    /// released and cleaned the usual way.
+    pub const DECOMMISSIONING: &str = "Decommissioning";
 }
 
 /// Condition reasons.
@@ -224,6 +229,9 @@ pub mod reasons {
     pub const MAINTENANCE_REQUESTED: &str = "MaintenanceRequested";
     /// ByoHost (`Maintenance=False`): `byoh-agent maintenance off` put the host back.
     pub const NOT_IN_MAINTENANCE: &str = "NotInMaintenance";
+    /// ByoHost (`Decommissioning=True`): `byoh-agent decommission --force` asks for the
+    /// release of the host's claim before it leaves the pool.
+    pub const DECOMMISSION_REQUESTED: &str = "DecommissionRequested";
 
     /// Every reason above (docs/troubleshooting.md must explain each; a test checks both this
     /// list against the constants and the document against this list).
@@ -257,6 +265,7 @@ pub mod reasons {
         PREFLIGHT_CHECKS_FAILED,
         MAINTENANCE_REQUESTED,
         NOT_IN_MAINTENANCE,
+        DECOMMISSION_REQUESTED,
     ];
 }
 

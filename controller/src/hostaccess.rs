@@ -7,7 +7,8 @@
 //! - its own `byohosts` (get, list, watch, update, patch, delete) and `byohosts/status` (get,
 //!   update, patch); list/watch work with the field selector `metadata.name=<name>`, which is
 //!   how the agent watches its host;
-//! - its own Lease `<name>` (`coordination.k8s.io`: get, list, watch, update, patch);
+//! - its own Lease `<name>` (`coordination.k8s.io`: get, list, watch, update, patch, delete;
+//!   delete for `byoh-agent decommission`, which deletes the Lease, then the ByoHost);
 //! - while claimed: `get` on the bootstrap data Secret named by `spec.claim.bootstrapSecretRef`
 //!   and get/list/watch on the `K8sInstallerConfig` named by `spec.claim.installerRef`; the
 //!   Role is rewritten when the claim changes, so a released host loses them.
@@ -19,7 +20,7 @@
 //!
 //! RBAC escalation prevention: the controller may only grant what it holds itself, so its
 //! ClusterRole (see `crate::manifests`) includes these verbs cluster-wide (notably `get` on
-//! Secrets and update/patch on Leases); it is given no `escalate`/`bind`, which would let it grant
+//! Secrets and update/patch/delete on Leases); it is given no `escalate`/`bind`, which would let it grant
 //! anything.
 
 use crate::cache::{CacheReady, cache_stream};
@@ -100,7 +101,7 @@ pub fn host_rules(host: &ByoHost) -> Vec<PolicyRule> {
         rule(
             &["coordination.k8s.io"],
             &["leases"],
-            &["get", "list", "watch", "update", "patch"],
+            &["get", "list", "watch", "update", "patch", "delete"],
             &[&name],
         ),
     ];

@@ -215,11 +215,19 @@ pub fn manager_cluster_role() -> ClusterRole {
             ),
             rule_owned(&[g], our("/status"), &["get", "update", "patch"], &[]),
             rule_owned(&[g], our("/finalizers"), &["update"], &[]),
-            // CAPI core objects: read only (owner Cluster and Machine, bootstrap data name).
+            // CAPI core objects: read (owner Cluster and Machine, bootstrap data name), and
+            // delete a Machine whose host asked to be decommissioned (`byoh-agent
+            // decommission --force`), as a MachineHealthCheck remediation does.
             rule(
                 &["cluster.x-k8s.io"],
-                &["clusters", "machines"],
+                &["clusters"],
                 &["get", "list", "watch"],
+                &[],
+            ),
+            rule(
+                &["cluster.x-k8s.io"],
+                &["machines"],
+                &["get", "list", "watch", "delete"],
                 &[],
             ),
             // Secrets, write-only except `get`: bootstrap token Secrets in kube-system and
@@ -272,11 +280,14 @@ pub fn manager_cluster_role() -> ClusterRole {
                 &[],
             ),
             // Leases: leader election (create/update its own), host liveness (read every
-            // host's), and update/patch because host Roles grant them on each host's Lease.
+            // host's), and update/patch/delete because host Roles grant them on each host's
+            // Lease (delete: `byoh-agent decommission`).
             rule(
                 &["coordination.k8s.io"],
                 &["leases"],
-                &["get", "list", "watch", "create", "update", "patch"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
                 &[],
             ),
         ]),

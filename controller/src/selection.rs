@@ -152,15 +152,18 @@ fn requirement_matches(r: &LabelSelectorRequirement, labels: &BTreeMap<String, S
     }
 }
 
-/// Whether `host` is out of the pool for maintenance ([`Rejection::Maintenance`]).
+/// Whether `host` is out of the pool for maintenance ([`Rejection::Maintenance`]): the
+/// administrator's annotation, or the condition `Maintenance=True` or `Decommissioning=True`.
 pub fn in_maintenance(host: &ByoHost) -> bool {
     let annotated = host
         .metadata
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(labels::MAINTENANCE));
+    // A host being decommissioned (`byoh-agent decommission`) is out of the pool too.
     let requested = host.status.as_ref().is_some_and(|s| {
-        byoh_api::conditions::is_true(&s.conditions, byoh_api::conditions::types::MAINTENANCE)
+        use byoh_api::conditions::{is_true, types};
+        is_true(&s.conditions, types::MAINTENANCE) || is_true(&s.conditions, types::DECOMMISSIONING)
     });
     annotated || requested
 }
@@ -492,12 +495,18 @@ mod tests {
                     host.metadata.annotations =
                         Some([(labels::MAINTENANCE.to_string(), "disk swap".to_string())].into());
                 }
-                Some(_) => {
+                Some(kind) => {
+                    use byoh_api::conditions::{reasons, types};
+                    let (type_, reason) = if kind == "decommissioning" {
+                        (types::DECOMMISSIONING, reasons::DECOMMISSION_REQUESTED)
+                    } else {
+                        (types::MAINTENANCE, reasons::MAINTENANCE_REQUESTED)
+                    };
                     if let Some(status) = host.status.as_mut() {
                         byoh_api::conditions::Marker::new(None, Time(now())).mark_true(
                             &mut status.conditions,
-                            byoh_api::conditions::types::MAINTENANCE,
-                            byoh_api::conditions::reasons::MAINTENANCE_REQUESTED,
+                            type_,
+                            reason,
                             "disk swap",
                         );
                     }
@@ -789,6 +798,15 @@ mod tests {
                 "maintenance asked for on the host (condition)",
                 H {
                     maintenance: Some("condition"),
+                    ..h("a")
+                },
+                req(),
+                Err(Rejection::Maintenance),
+            ),
+            (
+                "being decommissioned (condition)",
+                H {
+                    maintenance: Some("decommissioning"),
                     ..h("a")
                 },
                 req(),

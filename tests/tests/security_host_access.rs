@@ -195,6 +195,21 @@ async fn a_host_reaches_only_its_own_objects() {
         "list Secrets",
         refused("list secrets", secrets.list(&ListParams::default()).await),
     );
+    // Decommissioning deletes a host's own Lease and ByoHost, never another host's.
+    forbidden(
+        "delete ByoHost b",
+        refused(
+            "delete b",
+            hosts.delete("b", &DeleteParams::default()).await,
+        ),
+    );
+    forbidden(
+        "delete b's Lease",
+        refused(
+            "delete lease b",
+            leases.delete("b", &DeleteParams::default()).await,
+        ),
+    );
 
     // Refused by the admission policy: its own claim, controller labels, other names,
     // deleting while claimed, another host's Lease.
@@ -344,6 +359,8 @@ async fn a_host_reaches_only_its_own_objects() {
         },
     )
     .await;
+    // As `byoh-agent decommission` does: its own Lease, then its own (free) ByoHost.
+    leases.delete("a", &DeleteParams::default()).await.unwrap();
     hosts.delete("a", &DeleteParams::default()).await.unwrap();
 
     reconciler.abort();

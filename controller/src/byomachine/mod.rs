@@ -45,6 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod claim;
+mod decommission;
 mod provision;
 mod release;
 mod triggers;

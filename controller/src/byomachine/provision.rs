@@ -181,6 +181,9 @@ pub(super) async fn provision(
         "",
     );
 
+    if super::decommission::requested(&host) {
+        super::decommission::remove_machine(ctx, &n, machine, &host_name).await?;
+    }
     let hs = host.status.clone().unwrap_or_default();
     let bootstrapped = conditions::is_true(&hs.conditions, types::BOOTSTRAP_SUCCEEDED)
         && hs.observed_machine_uid.as_deref() == Some(n.uid.as_str());
