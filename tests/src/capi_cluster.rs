@@ -125,6 +125,21 @@ impl CapiCluster<'_> {
         Ok(self.bed.capi("Machine").list(&lp).await?.items)
     }
 
+    /// The names of the workload cluster's Nodes, of those that are Ready when `ready_only`.
+    ///
+    /// Errors when the workload API server cannot be reached.
+    pub async fn node_names(&self, ready_only: bool) -> anyhow::Result<Vec<String>> {
+        let (workload, _) = self.workload().await?;
+        Ok(Api::<Node>::all(workload)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|n| !ready_only || node_ready(n))
+            .map(|n| n.name_any())
+            .collect())
+    }
+
     /// The worker MachineDeployment's name: the cluster's one MachineDeployment (label
     /// `cluster.x-k8s.io/cluster-name`): `<cluster>-md-0` as the default template names it,
     /// `<cluster>-md-0-<random>` as the topology controller does.

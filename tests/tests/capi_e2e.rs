@@ -325,14 +325,7 @@ async fn rollout(c: &CapiCluster<'_>, old: &str, free: &str) -> anyhow::Result<(
         "after the rollout the worker is on {hosts:?}, want the free host {free}"
     );
     c.wait_released_clean(old, Duration::from_secs(300)).await?;
-    let (workload, _) = c.workload().await?;
-    let nodes: Vec<String> = Api::<Node>::all(workload)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
+    let nodes = c.node_names(false).await?;
     ensure!(
         !nodes.iter().any(|n| n == old),
         "the old worker's Node {old} is left in the workload cluster: {nodes:?}"
@@ -434,15 +427,7 @@ async fn control_plane_rollout(c: &CapiCluster<'_>, free: &str) -> anyhow::Resul
         host.as_deref() == Some(free),
         "the control-plane Machine is on {host:?}, want {free}; KCP status {kcp_status}"
     );
-    let (workload, _) = c.workload().await?;
-    let nodes: Vec<String> = Api::<Node>::all(workload)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|n| node_ready(n))
-        .map(|n| n.name_any())
-        .collect();
+    let nodes = c.node_names(true).await?;
     ensure!(
         nodes.iter().any(|n| n == free) && !nodes.iter().any(|n| n == &old),
         "workload Nodes after the control-plane rollout: {nodes:?} (want {free}, not {old})"

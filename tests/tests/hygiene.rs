@@ -676,11 +676,6 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
             !rules.contains("KUBE-TEST") && rules.contains("-N KUBE-BEFORE"),
             "{rules}"
         );
-        let log = host
-            .journal_messages("byoh-agent")
-            .await
-            .unwrap()
-            .join("\n");
         assert!(
             log.contains("removed the iptables chains the claim created: KUBE-TEST"),
             "{log}"
