@@ -532,7 +532,7 @@ runcmd:
 - ip addr add 198.18.0.251/32 dev host0
 - ip link add cni0 type bridge
 - ip link add vethbyoh0 type veth peer name vethbyoh1
-- ip link add virbr7 type dummy
+- ip link add virbr7 type bridge
 - iptables -t nat -N KUBE-TEST && iptables -t nat -A PREROUTING -j KUBE-TEST
 - mkdir -p /srv/rootfs && ctr -n k8s.io containers create --rootfs /srv/rootfs byoh-test-left
 - \"mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete\"
