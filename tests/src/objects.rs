@@ -468,3 +468,14 @@ pub async fn get_host(client: &Client, ns: &str, name: &str) -> ByoHost {
         .await
         .unwrap()
 }
+
+/// Asserts that none of the ByoHosts `names` in `ns` carries a claim (panics naming the first
+/// that does).
+pub async fn assert_free(client: &Client, ns: &str, names: &[&str]) {
+    for name in names {
+        assert!(
+            get_host(client, ns, name).await.spec.claim.is_none(),
+            "{name} must stay free"
+        );
+    }
+}

@@ -113,18 +113,18 @@ async fn facts_requirements_choose_hosts_and_the_reason_counts_each_rejection() 
     })
     .await;
     assert_eq!(claim.machine_ref.name, "m1");
-    for other in [
-        "few-cpus",
-        "little-memory",
-        "no-gpu",
-        "other-gpu",
-        "no-facts",
-    ] {
-        assert!(
-            get_host(&client, &n, other).await.spec.claim.is_none(),
-            "{other} must stay free"
-        );
-    }
+    assert_free(
+        &client,
+        &n,
+        &[
+            "few-cpus",
+            "little-memory",
+            "no-gpu",
+            "other-gpu",
+            "no-facts",
+        ],
+    )
+    .await;
     finish(&client, ns, vec![ctl]).await;
 }
 

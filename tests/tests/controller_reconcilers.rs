@@ -633,20 +633,20 @@ async fn selection_skips_expired_leases_wrong_arch_needs_cleanup_and_busy_hosts(
     })
     .await;
     assert_eq!(claim.machine_ref.name, "m1");
-    for other in [
-        "arm",
-        "dirty",
-        "busy",
-        "nolease",
-        "unselected",
-        "maint-admin",
-        "maint-host",
-    ] {
-        assert!(
-            get_host(&client, &n, other).await.spec.claim.is_none(),
-            "{other} must stay free"
-        );
-    }
+    assert_free(
+        &client,
+        &n,
+        &[
+            "arm",
+            "dirty",
+            "busy",
+            "nolease",
+            "unselected",
+            "maint-admin",
+            "maint-host",
+        ],
+    )
+    .await;
     finish(&client, ns, vec![ctl]).await;
 }
 
