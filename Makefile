@@ -31,8 +31,8 @@ test-integration:
 e2e: packages
 	tests/run $(CARGO) test -p byoh-tests --test e2e -- --nocapture
 
-## demo: control plane, controller, two hosts and a cluster with one joined worker, narrated;
-## left running (docs/e2e.md). demo-down stops it.
+## demo: Cluster API's managers and BYOH make a cluster (control plane + worker) on two hosts,
+## narrated; runs until Ctrl-C or demo-down from another terminal (docs/e2e.md).
 demo:
 	tests/demo/up
 

@@ -269,10 +269,11 @@ pub struct CapiBed {
 
 impl CapiBed {
     /// Starts everything, boots `n_hosts` hosts (labels `capi-<i>`), registers them in the
-    /// pool (ByoHosts Available, host label `e2e-host=capi`) and snapshots them.
+    /// pool — a new namespace named after `pool` (ByoHosts Available, host label
+    /// `e2e-host=capi`) — and snapshots them.
     ///
     /// Errors when a part fails to start.
-    pub async fn start(n_hosts: usize) -> anyhow::Result<CapiBed> {
+    pub async fn start(n_hosts: usize, pool: &str) -> anyhow::Result<CapiBed> {
         let phases = Phases::default();
         phases.begin();
         let cp = PrivateControlPlane::start()?;
@@ -285,7 +286,7 @@ impl CapiBed {
         let mirror = PackageMirror::start(&ca).await?;
         phases.done("images served, package mirror built and served");
         manifests::apply_yaml(&admin, &manifests::components_text()?, false).await?;
-        let ns = TestNamespace::create(&admin, "capi-e2e").await?;
+        let ns = TestNamespace::create(&admin, pool).await?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
         phases.done("BYOH components + controller started");
         let hosts = boot_hosts(n_hosts).await?;

@@ -74,18 +74,64 @@ impl CapiCluster<'_> {
     ///
     /// Errors when the Secret is not there (yet) or holds no usable kubeconfig.
     pub async fn workload(&self) -> anyhow::Result<(Client, String)> {
-        let secrets: Api<Secret> = Api::namespaced(self.bed.admin.clone(), self.bed.ns.name());
-        let s = secrets.get(&format!("{}-kubeconfig", self.name)).await?;
-        let data = s
-            .data
-            .and_then(|d| d.get("value").map(|b| b.0.clone()))
-            .context("no kubeconfig in the Secret")?;
+        let data = self.workload_kubeconfig().await?;
         let kc = kube::config::Kubeconfig::from_yaml(&String::from_utf8(data)?)?;
         let config =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await?;
         let server = config.cluster_url.to_string();
         Ok((Client::try_from(config)?, server))
+    }
+
+    /// Waits (up to `timeout`) for KCP's first control-plane Machine to get a host, then puts
+    /// the control-plane endpoint `endpoint_ip` on that host's `host0` as a /32: the stand-in for
+    /// kube-vip (its image is not available here), as kube-vip's ARP mode puts it there. The
+    /// agent's clean-up removes it on release (the claim added it).
+    ///
+    /// Returns the Machine and the host's name. Errors when no Machine gets a host in time or
+    /// the address cannot be added.
+    pub async fn control_plane_host(
+        &self,
+        endpoint_ip: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<(DynamicObject, String)> {
+        let (machine, host) = wait_for(
+            "KCP's control-plane Machine to get a host",
+            timeout,
+            || async {
+                for m in self.machines(true).await? {
+                    if let Some(host) = self.host_of(&m).await? {
+                        return Ok(Some((m, host)));
+                    }
+                }
+                Ok(None)
+            },
+        )
+        .await?;
+        self.bed
+            .host(&host)?
+            .run(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{endpoint_ip}/32"),
+                "dev",
+                "host0",
+            ])
+            .await?;
+        Ok((machine, host))
+    }
+
+    /// The workload cluster's admin kubeconfig, as KCP wrote it to the `<cluster>-kubeconfig`
+    /// Secret (what `clusterctl get kubeconfig` prints).
+    ///
+    /// Errors when the Secret is not there (yet) or holds no kubeconfig.
+    pub async fn workload_kubeconfig(&self) -> anyhow::Result<Vec<u8>> {
+        let secrets: Api<Secret> = Api::namespaced(self.bed.admin.clone(), self.bed.ns.name());
+        let s = secrets.get(&format!("{}-kubeconfig", self.name)).await?;
+        s.data
+            .and_then(|d| d.get("value").map(|b| b.0.clone()))
+            .context("no kubeconfig in the Secret")
     }
 
     /// Our ByoMachines in the namespace.
@@ -337,12 +383,26 @@ impl CapiCluster<'_> {
         )
         .await?;
         let diff = self.bed.changes_since_registration(name).await?;
-        ensure!(
-            diff.is_empty(),
-            "host {name} released must be as before its claim; diff:\n{}",
+        if diff.is_empty() {
+            return Ok(());
+        }
+        // What systemd says of the slices and scopes left, for the failure message.
+        let units = self
+            .bed
+            .host(name)?
+            .run(&[
+                "sh",
+                "-c",
+                "systemctl list-units --all --no-legend --no-pager '*.slice' '*.scope'; \
+                 systemctl show kubepods.slice -p LoadState,ActiveState,SubState,RequiredBy,WantedBy,ReferencedBy; \
+                 journalctl _PID=1 --no-pager -o short-precise | grep -i kubepods | tail -n 30",
+            ])
+            .await
+            .unwrap_or_else(|e| format!("(systemd's view not read: {e:#})"));
+        anyhow::bail!(
+            "host {name} released must be as before its claim; diff:\n{}\nsystemd on the host:\n{units}",
             diff.join("\n")
-        );
-        Ok(())
+        )
     }
 }
 

@@ -31,10 +31,15 @@
 //! Scale 2 -> 1: a worker Machine and its Node go, its host is released (`kubeadm reset`),
 //! `Available`, its file tree and unit list equal to its snapshot before any claim. A rollout
 //! (the bootstrap template changed to a copy): the new Machine on the free host, the old host
-//! released and clean, no Node of it left. Delete the Cluster: every Machine gone, every host
+//! released and clean, no Node of it left. KCP replaces the control-plane Machine
+//! (`spec.rollout.after`): the new one on the free host runs CABPK's control-plane join, the old
+//! host is released clean (its endpoint address removed by the agent), the stand-in moves the
+//! endpoint. Delete the Cluster: every Machine gone, every host
 //! `Available` and clean, no ByoMachine or ByoCluster left, no host's Role granting a Secret or
 //! K8sInstallerConfig, the cluster's Secrets garbage-collected; the control-plane host's
-//! `cni0` and endpoint address removed by the agent's clean-up, without help.
+//! `cni0` and endpoint address removed by the agent's clean-up, without help. Then the
+//! ClusterClass flavor (`--flavor topology`, the ClusterClass added by `clusterctl generate`)
+//! on the same hosts: created, Available with the same checks, deleted the same way.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
 //! journals and the objects' states. Each phase's duration is printed at the end.
@@ -60,6 +65,9 @@ fn endpoint_ip() -> String {
 }
 /// The name of the cluster.
 const CLUSTER: &str = "capi-e2e";
+/// The name of the cluster made from the ClusterClass (`--flavor topology`) after the first
+/// one is deleted.
+const TOPOLOGY_CLUSTER: &str = "capi-e2e-cc";
 /// How long a paused cluster is watched for a claim or a release that must not happen.
 const PAUSE_WINDOW: Duration = Duration::from_secs(20);
 
@@ -78,32 +86,10 @@ async fn create(c: &CapiCluster<'_>, flavor: Option<&str>) -> anyhow::Result<()>
     ));
 
     // KCP creates the first control-plane Machine; our controller gives it a host.
-    let (cp_machine, cp_host_name) = wait_for(
-        "KCP's control-plane Machine to get a host",
-        Duration::from_secs(180),
-        || async {
-            for m in c.machines(true).await? {
-                if let Some(host) = c.host_of(&m).await? {
-                    return Ok(Some((m, host)));
-                }
-            }
-            Ok(None)
-        },
-    )
-    .await?;
-    let cp_host = bed.host(&cp_host_name)?;
-    // Stand-in for kube-vip (its image is not available here): the endpoint address on the
-    // claimed host's interface, as kube-vip's ARP mode puts it there.
-    cp_host
-        .run(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{}/32", endpoint_ip()),
-            "dev",
-            "host0",
-        ])
+    let (cp_machine, cp_host_name) = c
+        .control_plane_host(&endpoint_ip(), Duration::from_secs(180))
         .await?;
+    let cp_host = bed.host(&cp_host_name)?;
     bed.phases.done(&format!(
         "control-plane Machine {} claimed {cp_host_name}",
         cp_machine.name_any()
@@ -329,6 +315,115 @@ async fn rollout(c: &CapiCluster<'_>, old: &str, free: &str) -> anyhow::Result<(
     Ok(())
 }
 
+/// KCP replaces the control-plane Machine (`spec.rollout.after`: a rollout without a change):
+/// the new Machine takes the free host `free` and runs CABPK's control-plane join (`kubeadm join
+/// --control-plane`: a second etcd member, the cluster's certificates from the join data); KCP
+/// removes the old etcd member and deletes the old Machine, whose host is released (the agent's
+/// clean-up removes the endpoint address the claim added), clean and `Available`. The kube-vip
+/// stand-in then moves the endpoint to the new host, as kube-vip's leader election would.
+async fn control_plane_rollout(c: &CapiCluster<'_>, free: &str) -> anyhow::Result<()> {
+    let bed = c.bed;
+    let old_machine = c.machines(true).await?;
+    let [old_machine] = old_machine.as_slice() else {
+        anyhow::bail!("{} control-plane Machines, want 1", old_machine.len());
+    };
+    let old = c
+        .host_of(old_machine)
+        .await?
+        .context("the control-plane Machine has no host")?;
+    let kcps = bed.api(
+        "controlplane.cluster.x-k8s.io",
+        "v1beta2",
+        "KubeadmControlPlane",
+    );
+    let kcp = format!("{}-control-plane", c.name);
+    let after = now_rfc3339();
+    kcps.patch(
+        &kcp,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"rollout": {"after": after}}})),
+    )
+    .await?;
+    wait_for(
+        "KCP's new control-plane Machine to claim the free host",
+        Duration::from_secs(300),
+        || async {
+            for m in c.machines(true).await? {
+                if c.host_of(&m).await?.as_deref() == Some(free) {
+                    return Ok(Some(()));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await?;
+    bed.phases.done(&format!(
+        "control-plane rollout: new Machine claimed {free}"
+    ));
+    let vip = format!("{}/32", endpoint_ip());
+    let old_host = bed.host(&old)?;
+    wait_for(
+        "the old control-plane host's clean-up to remove the endpoint address",
+        Duration::from_secs(900),
+        || async {
+            let addresses = old_host.run(&["ip", "-br", "addr"]).await?;
+            Ok((!addresses.contains(&vip)).then_some(()))
+        },
+    )
+    .await?;
+    bed.host(free)?
+        .run(&["ip", "addr", "add", &vip, "dev", "host0"])
+        .await?;
+    bed.phases.done(&format!(
+        "control-plane rollout: {free} joined, {old} reset (endpoint address removed by the agent)"
+    ));
+    c.wait_released_clean(&old, Duration::from_secs(300))
+        .await?;
+    let (machines, kcp_status) = wait_for(
+        "KCP to report one up-to-date, ready control-plane Machine",
+        Duration::from_secs(600),
+        || async {
+            let k = kcps.get(&kcp).await?;
+            let s = &k.data["status"];
+            let one = serde_json::json!(1);
+            let done = s["observedGeneration"].as_i64() == k.metadata.generation
+                && [
+                    "replicas",
+                    "upToDateReplicas",
+                    "readyReplicas",
+                    "availableReplicas",
+                ]
+                .iter()
+                .all(|f| s[f] == one);
+            let machines = c.machines(true).await?;
+            Ok((done && machines.len() == 1).then(|| (machines, s.clone())))
+        },
+    )
+    .await?;
+    let host = c.host_of(&machines[0]).await?;
+    ensure!(
+        host.as_deref() == Some(free),
+        "the control-plane Machine is on {host:?}, want {free}; KCP status {kcp_status}"
+    );
+    let nodes = c.node_names(true).await?;
+    ensure!(
+        nodes.iter().any(|n| n == free) && !nodes.iter().any(|n| n == &old),
+        "workload Nodes after the control-plane rollout: {nodes:?} (want {free}, not {old})"
+    );
+    c.wait_available(Duration::from_secs(300)).await?;
+    bed.phases.done(&format!(
+        "control-plane rollout: {old} released, clean, Available; Cluster Available"
+    ));
+    Ok(())
+}
+
+/// Now as an RFC 3339 time in whole seconds, UTC (`spec.rollout.after`).
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
 /// Deletes the Cluster: every Machine gone, every host `Available` and clean, nothing of ours
 /// left (ByoMachines, ByoCluster, bootstrap Secret access in the per-host Roles).
 async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
@@ -436,7 +531,18 @@ async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
         .find(|h| !claimed.contains(h))
         .context("no free host for the rollout")?;
     rollout(&c, &worker, &free).await?;
-    delete(&c).await
+    // The worker's old host is free again: KCP's replacement control-plane Machine takes it.
+    control_plane_rollout(&c, &worker).await?;
+    delete(&c).await?;
+    // The ClusterClass flavor on the same hosts, back in the pool: Cluster API's topology
+    // controller makes the KubeadmControlPlane, MachineDeployment and templates from the
+    // ClusterClass `clusterctl generate` adds; the cluster works and goes the same way.
+    let topology = CapiCluster {
+        bed,
+        name: TOPOLOGY_CLUSTER,
+    };
+    create(&topology, Some("topology")).await?;
+    delete(&topology).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -444,10 +550,17 @@ async fn cluster_api_makes_scales_and_deletes_a_cluster_on_byoh_hosts() {
     if !hosts::available() {
         return;
     }
-    let bed = CapiBed::start(3).await.unwrap();
+    let bed = CapiBed::start(3, "capi-e2e").await.unwrap();
     let result = scenario(&bed).await;
     if let Err(e) = &result {
-        eprintln!("{}", bed.diagnostics(CLUSTER).await);
+        // The cluster the failing step worked on: the ClusterClass one once it exists.
+        let topology = bed.capi("Cluster").get_opt(TOPOLOGY_CLUSTER).await;
+        let current = if matches!(topology, Ok(Some(_))) {
+            TOPOLOGY_CLUSTER
+        } else {
+            CLUSTER
+        };
+        eprintln!("{}", bed.diagnostics(current).await);
         panic!("{e:#}");
     }
     eprintln!("{}", bed.phases.table());

@@ -217,7 +217,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
             CleanupStep::StopKubelet => {
                 self.cleanup_step(state, next, |me| async move {
-                    stop_kubelet(&me.units).await?;
+                    stop_kubelet(&me.settings.root, &me.units).await?;
                     Ok(())
                 })
                 .await
@@ -332,20 +332,85 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
 /// under it (`kubepods-besteffort-pod<uid>.slice`, ...).
 pub const KUBEPODS_SLICE: &str = "kubepods.slice";
 
-/// Stops and disables the kubelet, then stops [`KUBEPODS_SLICE`] when it is active: the pod
-/// slices the kubelet made (systemd cgroup driver) outlive it and `kubeadm reset` (which removes
-/// the containers), and would stay behind as transient units; stopping the parent slice stops
-/// them all. Units that are not there are skipped.
-pub(super) async fn stop_kubelet<U: UnitManager>(units: &U) -> Result<(), WorkError> {
+/// Stops and disables the kubelet, then [`stop_pod_slices`]. Units that are not there are
+/// skipped.
+pub(super) async fn stop_kubelet<U: UnitManager>(root: &Path, units: &U) -> Result<(), WorkError> {
     let s = units.state(crate::units::KUBELET_UNIT).await?;
     if s.load_state != "not-found" {
         units.stop(crate::units::KUBELET_UNIT).await?;
         units.disable(&[crate::units::KUBELET_UNIT]).await?;
     }
-    if units.state(KUBEPODS_SLICE).await?.is_active() {
-        units.stop(KUBEPODS_SLICE).await?;
-    }
+    stop_pod_slices(root, units).await?;
     Ok(())
+}
+
+/// Where systemd keeps the files of transient units (and runtime drop-ins of their properties:
+/// `systemd.unit(5)`, "Unit File Load Path").
+const TRANSIENT_DIR: &str = "/run/systemd/transient";
+
+/// Stops [`KUBEPODS_SLICE`] whenever systemd has it loaded, whatever its state: the pod and QoS
+/// slices the kubelet made (systemd cgroup driver) outlive it and `kubeadm reset` (which removes
+/// the containers), and would stay behind as transient units; stopping the parent slice stops
+/// them all. Then removes the files of the `kubepods*.slice` transient units that are no longer
+/// active from [`TRANSIENT_DIR`] and reloads systemd: systemd deletes a transient unit's files
+/// only when it unloads the unit, and a slice stopped while its cgroup was not yet empty, or
+/// loaded again by a `daemon-reload` before that, stays loaded and listed by `systemctl
+/// list-unit-files` (seen on a control-plane host after `kubeadm reset`). Returns whether
+/// [`KUBEPODS_SLICE`] was loaded.
+///
+/// # Errors
+/// [`crate::systemd::SystemdError`] when a state cannot be read, the stop job or the reload
+/// fails.
+pub(super) async fn stop_pod_slices<U: UnitManager>(
+    root: &Path,
+    units: &U,
+) -> Result<bool, crate::systemd::SystemdError> {
+    let s = units.state(KUBEPODS_SLICE).await?;
+    let loaded = s.load_state != "not-found";
+    if loaded {
+        units.stop(KUBEPODS_SLICE).await?;
+        tracing::info!(
+            "stopped {KUBEPODS_SLICE} (was {}): the pods' cgroups",
+            s.describe()
+        );
+    }
+    let dir = under(root, TRANSIENT_DIR);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(loaded);
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let unit = name.strip_suffix(".d").unwrap_or(&name);
+        if !(unit.starts_with("kubepods") && unit.ends_with(".slice")) {
+            continue;
+        }
+        let state = units.state(unit).await?;
+        if matches!(
+            state.active_state.as_str(),
+            "active" | "activating" | "reloading"
+        ) {
+            continue;
+        }
+        let gone = if e.path().is_dir() {
+            std::fs::remove_dir_all(e.path())
+        } else {
+            std::fs::remove_file(e.path())
+        };
+        match gone {
+            Ok(()) => removed.push(name),
+            Err(err) => tracing::warn!("removing {}: {err}", e.path().display()),
+        }
+    }
+    if !removed.is_empty() {
+        removed.sort();
+        units.daemon_reload().await?;
+        tracing::info!(
+            "removed the files of the kubelet's inactive transient units from {TRANSIENT_DIR}: {}",
+            removed.join(", ")
+        );
+    }
+    Ok(loaded)
 }
 
 /// Removes the [`RUNTIME_DIRS`] the claim did not find (`preexisting`), never deleting behind a

@@ -250,7 +250,9 @@ async fn stopping_the_kubelet_stops_the_pod_slices_it_leaves() {
     let units = crate::systemd::fake::FakeUnits::default();
     units.start(crate::units::KUBELET_UNIT).await.unwrap();
     units.start(cleanup::KUBEPODS_SLICE).await.unwrap();
-    cleanup::stop_kubelet(&units).await.unwrap();
+    cleanup::stop_kubelet(Path::new("/nonexistent"), &units)
+        .await
+        .unwrap();
     assert_eq!(
         units.calls.lock().unwrap()[2..],
         [
@@ -267,8 +269,52 @@ async fn stopping_the_kubelet_stops_the_pod_slices_it_leaves() {
             .is_active()
     );
 
+    // A slice systemd still has loaded but not active (the kubelet gone): stopped all the same.
+    let units = crate::systemd::fake::FakeUnits::default();
+    units.stop(cleanup::KUBEPODS_SLICE).await.unwrap();
+    cleanup::stop_kubelet(Path::new("/nonexistent"), &units)
+        .await
+        .unwrap();
+    assert_eq!(units.calls.lock().unwrap()[1..], ["stop kubepods.slice"]);
+
     // Neither there (a host that never ran a kubelet): nothing is stopped.
     let units = crate::systemd::fake::FakeUnits::default();
-    cleanup::stop_kubelet(&units).await.unwrap();
+    cleanup::stop_kubelet(Path::new("/nonexistent"), &units)
+        .await
+        .unwrap();
     assert!(units.calls.lock().unwrap().is_empty());
+}
+
+/// The files of the kubelet's transient slices that systemd kept after the stop (a slice
+/// loaded again before it was unloaded) go, with a reload; an active one, and other units'
+/// files, stay.
+#[tokio::test]
+async fn inactive_pod_slices_files_are_removed_from_the_transient_dir() {
+    use crate::systemd::UnitManager as _;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("run/systemd/transient");
+    std::fs::create_dir_all(dir.join("kubepods.slice.d")).unwrap();
+    std::fs::write(dir.join("kubepods.slice.d/50-CPUShares.conf"), "x").unwrap();
+    for f in [
+        "kubepods.slice",
+        "kubepods-burstable.slice",
+        "kubepods-besteffort.slice",
+        "run-u7.scope",
+    ] {
+        std::fs::write(dir.join(f), "[Unit]\n").unwrap();
+    }
+    let units = crate::systemd::fake::FakeUnits::default();
+    units.start(cleanup::KUBEPODS_SLICE).await.unwrap();
+    units.start("kubepods-besteffort.slice").await.unwrap();
+    cleanup::stop_kubelet(root.path(), &units).await.unwrap();
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["kubepods-besteffort.slice", "run-u7.scope"]);
+    assert_eq!(
+        units.calls.lock().unwrap().last().map(String::as_str),
+        Some("daemon-reload")
+    );
 }

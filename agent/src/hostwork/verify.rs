@@ -64,6 +64,24 @@ pub async fn leftovers(
             crate::units::KUBELET_UNIT
         ));
     }
+    // The pods' slices: stopped by the stop-kubelet step, but a kubelet that ran again after it
+    // (or a slice systemd kept) would leave them as transient units.
+    let slice = super::cleanup::KUBEPODS_SLICE;
+    match super::cleanup::stop_pod_slices(root, units).await {
+        Ok(false) => {}
+        Ok(true) => {
+            let s = units.state(slice).await?;
+            if s.is_active() {
+                left.push(format!(
+                    "{slice} is {} after a stop: stop it (systemctl stop {slice})",
+                    s.describe()
+                ));
+            }
+        }
+        Err(e) => left.push(format!(
+            "{slice} could not be stopped ({e}): systemctl stop {slice}"
+        )),
+    }
     for u in crate::doctor::busy_ports_of(CLAIM_PORTS) {
         if let Some(owner) = u.owner {
             left.push(format!(
