@@ -39,9 +39,10 @@ demo:
 demo-down:
 	tests/demo/down
 
-## bench: speed and memory figures on the real test bed (release builds); prints one line each
+## bench: speed and memory figures on the real test bed (release builds: the agent with the
+## release-agent profile the packages use); prints one line each
 bench:
-	$(CARGO) build --release -p byoh-agent
+	$(CARGO) build --profile release-agent -p byoh-agent
 	tests/run $(CARGO) bench -p byoh-tests
 
 ## lint: rustfmt, clippy and rustdoc (doc links) with warnings as errors
