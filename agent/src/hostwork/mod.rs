@@ -486,6 +486,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             .as_ref()
             .map(|c| c.machine_uid.clone())
             .or_else(|| host.spec.claim.as_ref().map(|c| c.machine_ref.uid.clone()));
+        let cleaned = state.cleaned_machine_uid.as_deref();
+        if reported(host, phase_, observed.as_deref(), cleaned, set) {
+            return Ok(());
+        }
         self.host
             .apply_conditions(
                 FIELD_MANAGER,
@@ -589,6 +593,37 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         )
         .await
     }
+}
+
+/// Whether `host` (the latest copy from the watch) already shows this report: `phase`,
+/// `observedMachineUID`, `cleanedMachineUID` and each condition of `set` with the same status,
+/// reason, message and `observedGeneration` = the object's generation. The apply would then
+/// change nothing, so the round skips it and its fresh read (issue 18: an idle host's 30 s
+/// resync and the round its own report's watch event triggers made a GET and a server-side
+/// apply each time). Sound because any change on the server reaches the watch and starts a
+/// new round, which compares against that newer copy.
+fn reported(
+    host: &ByoHost,
+    phase_: &str,
+    observed: Option<&str>,
+    cleaned: Option<&str>,
+    set: &[(&str, bool, &str, &str)],
+) -> bool {
+    let Some(status) = &host.status else {
+        return false;
+    };
+    status.phase.as_deref() == Some(phase_)
+        && status.observed_machine_uid.as_deref() == observed
+        && status.cleaned_machine_uid.as_deref() == cleaned
+        && set.iter().all(|(type_, ok, reason, message)| {
+            status.conditions.iter().any(|c| {
+                c.type_ == *type_
+                    && c.status == if *ok { "True" } else { "False" }
+                    && c.reason == *reason
+                    && c.message == *message
+                    && c.observed_generation == host.metadata.generation
+            })
+        })
 }
 
 fn provisioned_conditions() -> [(&'static str, bool, &'static str, &'static str); 2] {

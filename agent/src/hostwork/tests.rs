@@ -318,3 +318,70 @@ async fn inactive_pod_slices_files_are_removed_from_the_transient_dir() {
         Some("daemon-reload")
     );
 }
+
+/// A ByoHost at generation 3 that shows phase Available, no claim UIDs and `Ready=True` for
+/// WaitingForClaim, as a free host's report leaves it.
+fn reported_host() -> ByoHost {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    let mut host = ByoHost::new("h", ByoHostSpec::default());
+    host.metadata.generation = Some(3);
+    host.status = Some(byoh_api::byohost::ByoHostStatus {
+        phase: Some(phase::AVAILABLE.into()),
+        conditions: vec![Condition {
+            type_: types::READY.into(),
+            status: "True".into(),
+            reason: reasons::WAITING_FOR_CLAIM.into(),
+            message: "waiting".into(),
+            observed_generation: Some(3),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }],
+        ..Default::default()
+    });
+    host
+}
+
+#[test]
+fn a_report_the_host_already_shows_is_skipped_and_any_difference_is_applied() {
+    let ready = [(types::READY, true, reasons::WAITING_FOR_CLAIM, "waiting")];
+    let host = reported_host();
+    assert!(reported(&host, phase::AVAILABLE, None, None, &ready));
+    // Each difference means the apply would change something.
+    assert!(!reported(&host, phase::PROVISIONED, None, None, &ready));
+    assert!(!reported(
+        &host,
+        phase::AVAILABLE,
+        Some("uid-1"),
+        None,
+        &ready
+    ));
+    assert!(!reported(
+        &host,
+        phase::AVAILABLE,
+        None,
+        Some("uid-1"),
+        &ready
+    ));
+    for set in [
+        [(types::READY, false, reasons::WAITING_FOR_CLAIM, "waiting")],
+        [(types::READY, true, reasons::RELEASING, "waiting")],
+        [(types::READY, true, reasons::WAITING_FOR_CLAIM, "other")],
+        [(
+            types::BOOTSTRAP_SUCCEEDED,
+            true,
+            reasons::WAITING_FOR_CLAIM,
+            "waiting",
+        )],
+    ] {
+        assert!(
+            !reported(&host, phase::AVAILABLE, None, None, &set),
+            "{set:?}"
+        );
+    }
+    // A newer generation (the spec changed) is reported again, as is a host without status.
+    let mut newer = reported_host();
+    newer.metadata.generation = Some(4);
+    assert!(!reported(&newer, phase::AVAILABLE, None, None, &ready));
+    let mut bare = reported_host();
+    bare.status = None;
+    assert!(!reported(&bare, phase::AVAILABLE, None, None, &ready));
+}
