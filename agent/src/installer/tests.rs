@@ -72,6 +72,8 @@ pub(super) type Responder = Box<dyn Fn(&[String]) -> (i32, String) + Send + Sync
 pub(super) struct FakeRunner {
     pub(super) calls: Mutex<Vec<String>>,
     pub(super) respond: Responder,
+    /// Each command run with variables added ([`CommandRunner::run_env`]) and the variables.
+    pub(super) envs: Mutex<Vec<(String, Vec<(&'static str, String)>)>>,
 }
 
 impl FakeRunner {
@@ -81,6 +83,7 @@ impl FakeRunner {
         FakeRunner {
             calls: Mutex::new(Vec::new()),
             respond: Box::new(respond),
+            envs: Mutex::new(Vec::new()),
         }
     }
     pub(super) fn ok() -> Self {
@@ -92,6 +95,20 @@ impl FakeRunner {
 }
 
 impl CommandRunner for FakeRunner {
+    async fn run_env(
+        &self,
+        command: &RawCommand,
+        env: &[(&'static str, String)],
+        timeout: Duration,
+    ) -> std::io::Result<CommandOutcome> {
+        let out = self.run(command, timeout).await;
+        if !env.is_empty() {
+            let last = self.calls().last().cloned().unwrap_or_default();
+            self.envs.lock().unwrap().push((last, env.to_vec()));
+        }
+        out
+    }
+
     async fn run(
         &self,
         command: &RawCommand,
@@ -288,6 +305,7 @@ pub(super) fn request(b: &Bed, spec: K8sInstallerConfigSpec) -> InstallRequest {
         download_dir: b.downloads.clone(),
         root: b.root.clone(),
         package_manager: None,
+        proxy: Default::default(),
     }
 }
 
