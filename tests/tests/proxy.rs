@@ -361,10 +361,17 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     let diff = agent::snapshot_diff(&before, &after);
     assert!(diff.is_empty(), "the release left changes: {diff:#?}");
 
-    // The password shows nowhere: the agent's journal (which names the proxy redacted) and the
-    // ByoHost.
+    // The password shows nowhere: the agent's journal with every field (which names the proxy
+    // redacted) and the ByoHost.
     let journal = host
-        .run(&["journalctl", "--no-pager", "-u", "byoh-agent"])
+        .run(&[
+            "journalctl",
+            "--no-pager",
+            "-o",
+            "verbose",
+            "-u",
+            "byoh-agent",
+        ])
         .await
         .unwrap();
     assert!(!journal.contains(PASSWORD), "password in the journal");
