@@ -65,6 +65,9 @@ pub(super) async fn serve(
     (format!("http://{addr}"), log)
 }
 
+/// Variables added to a command's environment.
+pub(super) type Env = Vec<(&'static str, String)>;
+
 pub(super) type Responder = Box<dyn Fn(&[String]) -> (i32, String) + Send + Sync>;
 
 /// Records every command (unwrapping the installer's stdout-capturing `sh -c` wrapper) and
@@ -73,7 +76,7 @@ pub(super) struct FakeRunner {
     pub(super) calls: Mutex<Vec<String>>,
     pub(super) respond: Responder,
     /// Each command run with variables added ([`CommandRunner::run_env`]) and the variables.
-    pub(super) envs: Mutex<Vec<(String, Vec<(&'static str, String)>)>>,
+    pub(super) envs: Mutex<Vec<(String, Env)>>,
 }
 
 impl FakeRunner {
