@@ -110,6 +110,8 @@ fn default_of(key: &str, d: &Settings) -> Option<String> {
             .map_or("`\"\"` (disabled)".into(), |a| quoted(&a.to_string())),
         "bootstrap.ignore_modules" => format!("`{:?}`", d.ignore_modules),
         "bootstrap.command_timeout" => secs(d.command_timeout),
+        "proxy.http_proxy" | "proxy.https_proxy" => "unset: direct".into(),
+        "proxy.no_proxy" => "`[]`".into(),
         _ => return None,
     })
 }
@@ -340,6 +342,7 @@ pub fn agent_md() -> String {
         (state("backups/"), "copies of files the bootstrap data overwrote or appended to, restored on clean-up with their owner, group, mode and type".into()),
         (format!("`{}` (`agent.download_dir`)", config::DEFAULT_DOWNLOAD_DIR), "installer downloads (verified by SHA-256)".into()),
         (format!("`{}`", crate::hostwork::PROVIDER_ID_DROPIN), "kubelet drop-in with the claim's `--provider-id`".into()),
+        (format!("`{}`, `{}`, `{}`", crate::proxy::ENV_FILE, crate::proxy::CONTAINERD_DROPIN, crate::proxy::KUBELET_DROPIN), "with `[proxy]`, during a claim: the proxy variables (mode 0600) and the drop-ins of containerd and the kubelet naming them".into()),
         (format!("`{}`, `{}`", crate::installer::MODULES_FILE, crate::installer::SYSCTL_FILE), "kernel modules and sysctls the installer sets".into()),
         (format!("`{}`", crate::hostwork::SENTINEL), "read: the CAPI bootstrap sentinel that marks success".into()),
     ];

@@ -23,6 +23,7 @@ pub mod logging;
 pub mod maintenance;
 pub mod metrics;
 pub mod mounts;
+pub mod proxy;
 pub mod registration;
 pub mod state;
 pub mod status;

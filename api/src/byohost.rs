@@ -95,6 +95,22 @@ pub struct HostClaim {
     /// there before the claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<ApiEndpoint>,
+
+    /// The Cluster's service CIDRs (`Cluster.spec.clusterNetwork.services.cidrBlocks`) when the
+    /// claim was made; with a `[proxy]`, the agent adds them to containerd's and the kubelet's
+    /// `no_proxy`.
+    #[serde(
+        default,
+        rename = "serviceCIDRs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub service_cidrs: Vec<String>,
+
+    /// The Cluster's pod CIDRs (`Cluster.spec.clusterNetwork.pods.cidrBlocks`) when the claim
+    /// was made; added to `no_proxy` like [`HostClaim::service_cidrs`].
+    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<String>,
+
     /// Set when the ByoMachine is being deleted: the agent resets the host, uninstalls what it
     /// installed, reports the clean-up, and the controller then drops the claim.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

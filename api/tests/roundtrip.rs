@@ -65,6 +65,8 @@ fn byohost() {
                     host: "198.51.100.7".into(),
                     port: 6443,
                 }),
+                service_cidrs: vec!["10.96.0.0/12".into()],
+                pod_cidrs: vec!["192.168.0.0/16".into()],
                 release_requested: true,
             }),
             needs_cleanup: Some(NeedsCleanup {
@@ -140,6 +142,8 @@ fn byohost() {
         "byoh://worker-01/abc123"
     );
     assert_eq!(json["spec"]["claim"]["machineRef"]["uid"], "uid-1");
+    assert_eq!(json["spec"]["claim"]["serviceCIDRs"][0], "10.96.0.0/12");
+    assert_eq!(json["spec"]["claim"]["podCIDRs"][0], "192.168.0.0/16");
     assert_eq!(
         json["status"]["hostInfo"]["memoryBytes"],
         25_000_000_000_i64

@@ -66,6 +66,44 @@ pub struct ClusterSpec {
     /// `spec.infrastructureRef`: the ByoCluster.
     #[serde(default)]
     pub infrastructure_ref: Option<ContractReference>,
+    /// `spec.clusterNetwork`: the service and pod CIDRs.
+    #[serde(default)]
+    pub cluster_network: Option<ClusterNetwork>,
+}
+
+/// `Cluster.spec.clusterNetwork`, the fields BYOH reads.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNetwork {
+    /// `services`: the service CIDRs.
+    #[serde(default)]
+    pub services: Option<NetworkRanges>,
+    /// `pods`: the pod CIDRs.
+    #[serde(default)]
+    pub pods: Option<NetworkRanges>,
+}
+
+/// A CAPI `NetworkRanges`: `{cidrBlocks: [...]}`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkRanges {
+    /// The CIDRs, e.g. `10.96.0.0/12`.
+    #[serde(default)]
+    pub cidr_blocks: Vec<String>,
+}
+
+impl ClusterSpec {
+    /// `clusterNetwork.services.cidrBlocks` and `clusterNetwork.pods.cidrBlocks` (empty when
+    /// not set).
+    pub fn cidrs(&self) -> (Vec<String>, Vec<String>) {
+        let blocks =
+            |r: Option<&NetworkRanges>| r.map(|r| r.cidr_blocks.clone()).unwrap_or_default();
+        let n = self.cluster_network.as_ref();
+        (
+            blocks(n.and_then(|n| n.services.as_ref())),
+            blocks(n.and_then(|n| n.pods.as_ref())),
+        )
+    }
 }
 
 /// `Cluster.status`, the fields BYOH reads.
@@ -192,13 +230,23 @@ mod tests {
         let cluster: Cluster = serde_json::from_value(serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
             "metadata": {"name": "c", "namespace": "n"},
-            "spec": {"paused": false, "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ByoCluster", "name": "c"}, "topology": {"x": 1}},
+            "spec": {"paused": false, "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ByoCluster", "name": "c"}, "topology": {"x": 1},
+                     "clusterNetwork": {"services": {"cidrBlocks": ["10.96.0.0/12"]}, "pods": {"cidrBlocks": ["192.168.0.0/16", "fd00::/48"]}}},
             "status": {"initialization": {"infrastructureProvisioned": true}, "conditions": [{"type": "ControlPlaneInitialized", "status": "True", "reason": "x", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
         }))
         .unwrap();
         assert!(!cluster_paused(&cluster));
         assert!(infrastructure_provisioned(&cluster));
         assert!(control_plane_initialized(&cluster));
+        assert_eq!(
+            cluster.spec.cidrs(),
+            (
+                vec!["10.96.0.0/12".to_string()],
+                vec!["192.168.0.0/16".to_string(), "fd00::/48".to_string()]
+            )
+        );
+        let bare: ClusterSpec = serde_json::from_value(serde_json::json!({})).unwrap();
+        assert_eq!(bare.cidrs(), (vec![], vec![]));
         let machine: Machine = serde_json::from_value(serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {"name": "m", "namespace": "n", "labels": {"cluster.x-k8s.io/control-plane": ""}},

@@ -112,7 +112,7 @@ pub fn step_pairs(data: &str) -> Vec<(String, String)> {
         },
     )
     .unwrap();
-    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(true, &plan)
+    let bootstrap: Vec<String> = byoh_agent::hostwork::bootstrap_steps(false, true, &plan)
         .iter()
         .map(ToString::to_string)
         .collect();

@@ -27,7 +27,15 @@ impl FileServer {
     ///
     /// Errors when the port cannot be bound.
     pub async fn start(files: Vec<(String, Vec<u8>)>) -> anyhow::Result<FileServer> {
-        Self::serve(bodies(files), None).await
+        Self::serve(bodies(files), None, "127.0.0.1").await
+    }
+
+    /// Like [`FileServer::start`], on loopback address `ip` (e.g. `127.0.0.2`, which hosts on
+    /// the test network cannot reach: only 127.0.0.1 is forwarded to them).
+    ///
+    /// Errors when the port cannot be bound.
+    pub async fn start_at(ip: &str, files: Vec<(String, Vec<u8>)>) -> anyhow::Result<FileServer> {
+        Self::serve(bodies(files), None, ip).await
     }
 
     /// Serves every regular file of `dir` (flat: `GET /<name>`; names starting with `.` are
@@ -43,7 +51,7 @@ impl FileServer {
                 files.push((format!("/{name}"), Body::File(entry.path())));
             }
         }
-        Self::serve(files, None).await
+        Self::serve(files, None, "127.0.0.1").await
     }
 
     /// Like [`FileServer::start`], over HTTPS with a certificate of `ca` for 127.0.0.1 and the
@@ -65,6 +73,7 @@ impl FileServer {
         Self::serve(
             bodies(files),
             Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            "127.0.0.1",
         )
         .await
     }
@@ -72,8 +81,9 @@ impl FileServer {
     async fn serve(
         files: Vec<(String, Body)>,
         tls: Option<tokio_rustls::TlsAcceptor>,
+        ip: &str,
     ) -> anyhow::Result<FileServer> {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let l = tokio::net::TcpListener::bind((ip, 0)).await?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let base = format!("{scheme}://{}", l.local_addr()?);
         let hits: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
@@ -109,7 +119,7 @@ impl FileServer {
             .replace("127.0.0.1", &crate::hosts::NETWORK_GATEWAY.to_string())
     }
 
-    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    /// `http://IP:PORT` (127.0.0.1 unless [`FileServer::start_at`]), without a trailing slash.
     pub fn base(&self) -> &str {
         &self.base
     }

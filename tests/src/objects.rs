@@ -167,7 +167,11 @@ pub async fn create_cluster(client: &Client, ns: &str, name: &str) -> (DynamicOb
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "ByoCluster", "name": name},
-            "controlPlaneEndpoint": {"host": "192.0.2.10", "port": 6443}
+            "controlPlaneEndpoint": {"host": "192.0.2.10", "port": 6443},
+            "clusterNetwork": {
+                "services": {"cidrBlocks": ["10.96.0.0/12"]},
+                "pods": {"cidrBlocks": ["192.168.0.0/16"]}
+            }
         }
     }))
     .unwrap();

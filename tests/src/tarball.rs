@@ -25,11 +25,22 @@ pub const VERSION: &str = "v1.36.3";
 /// # Errors
 /// When the server cannot start.
 pub async fn server() -> anyhow::Result<FileServer> {
-    FileServer::start(vec![
-        ("/kubeadm".into(), KUBEADM.as_bytes().to_vec()),
-        ("/kubelet".into(), KUBELET.as_bytes().to_vec()),
-        ("/kubectl".into(), KUBECTL.as_bytes().to_vec()),
-    ])
+    server_at("127.0.0.1").await
+}
+
+/// Serves the stand-ins on loopback address `ip`.
+///
+/// # Errors
+/// When the server cannot start.
+pub async fn server_at(ip: &str) -> anyhow::Result<FileServer> {
+    FileServer::start_at(
+        ip,
+        vec![
+            ("/kubeadm".into(), KUBEADM.as_bytes().to_vec()),
+            ("/kubelet".into(), KUBELET.as_bytes().to_vec()),
+            ("/kubectl".into(), KUBECTL.as_bytes().to_vec()),
+        ],
+    )
     .await
 }
 

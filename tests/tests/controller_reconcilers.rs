@@ -192,6 +192,9 @@ async fn happy_path_claim_provision_and_normal_release() {
         (endpoint.host.as_str(), endpoint.port),
         ("192.0.2.10", 6443)
     );
+    // Its service and pod CIDRs, for the agent's no_proxy.
+    assert_eq!(claim.service_cidrs, ["10.96.0.0/12"]);
+    assert_eq!(claim.pod_cidrs, ["192.168.0.0/16"]);
     let hl = host.labels();
     assert_eq!(hl.get(labels::CLUSTER_NAME).map(String::as_str), Some("c1"));
     assert_eq!(hl.get(labels::MACHINE_NAME).map(String::as_str), Some("m1"));

@@ -86,6 +86,28 @@ pub trait CommandRunner {
         command: &RawCommand,
         timeout: Duration,
     ) -> impl Future<Output = std::io::Result<CommandOutcome>> + Send;
+
+    /// [`CommandRunner::run`] with `env` added to the command's environment (e.g. the proxy
+    /// variables for apt and dnf). A runner that cannot set variables refuses a non-empty `env`
+    /// ([`std::io::ErrorKind::Unsupported`]) rather than run the command without them.
+    fn run_env(
+        &self,
+        command: &RawCommand,
+        env: &[(&'static str, String)],
+        timeout: Duration,
+    ) -> impl Future<Output = std::io::Result<CommandOutcome>> + Send {
+        let unsupported = !env.is_empty();
+        let run = self.run(command, timeout);
+        async move {
+            if unsupported {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "this runner cannot set environment variables",
+                ));
+            }
+            run.await
+        }
+    }
 }
 
 /// The real runner: `tokio::process`, each command in its own process group.
@@ -134,6 +156,15 @@ impl CommandRunner for TokioRunner {
         command: &RawCommand,
         timeout: Duration,
     ) -> std::io::Result<CommandOutcome> {
+        self.run_env(command, &[], timeout).await
+    }
+
+    async fn run_env(
+        &self,
+        command: &RawCommand,
+        env: &[(&'static str, String)],
+        timeout: Duration,
+    ) -> std::io::Result<CommandOutcome> {
         let mut cmd = match command {
             RawCommand::Shell(s) => {
                 let mut c = tokio::process::Command::new("/bin/sh");
@@ -162,6 +193,7 @@ impl CommandRunner for TokioRunner {
         ] {
             cmd.env_remove(var);
         }
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -126,6 +126,9 @@ pub struct Merged {
     metrics_address: Option<Sourced<String>>,
     ignore_modules: Option<Sourced<Vec<String>>>,
     command_timeout: Option<Sourced<String>>,
+    http_proxy: Option<Sourced<String>>,
+    https_proxy: Option<Sourced<String>>,
+    no_proxy: Option<Sourced<Vec<String>>>,
     /// Files read, in order.
     files: Vec<PathBuf>,
 }
@@ -221,6 +224,8 @@ pub struct Settings {
     pub ignore_modules: Vec<String>,
     /// Timeout of each runcmd command (`[bootstrap] command_timeout`).
     pub command_timeout: Duration,
+    /// `[proxy]`: the HTTP proxy (its `Debug` form redacts credentials).
+    pub proxy: crate::proxy::ProxySettings,
     /// Config files read, in order.
     pub files: Vec<PathBuf>,
 }
@@ -381,6 +386,7 @@ impl Merged {
             metrics_address
         );
         set!(raw.bootstrap, ignore_modules, command_timeout);
+        set!(raw.proxy, http_proxy, https_proxy, no_proxy);
     }
 
     /// Applies environment and flag overrides.
@@ -593,6 +599,23 @@ impl Merged {
             },
         };
 
+        let mut proxy_url = |v: &Option<Sourced<String>>, key: &str| {
+            let v = v.as_ref().filter(|v| !v.value.is_empty())?;
+            crate::proxy::parse_url(&v.value)
+                .map_err(|m| bad(&v.origin, key, m))
+                .ok()
+        };
+        let http_proxy = proxy_url(&self.http_proxy, "proxy.http_proxy");
+        let https_proxy = proxy_url(&self.https_proxy, "proxy.https_proxy");
+        let no_proxy = self.no_proxy.map_or_else(Vec::new, |v| {
+            for e in &v.value {
+                if let Err(m) = crate::proxy::check_no_proxy_entry(e) {
+                    bad(&v.origin, "proxy.no_proxy", m);
+                }
+            }
+            v.value
+        });
+
         if !problems.is_empty() {
             return Err(ConfigError(problems));
         }
@@ -613,6 +636,11 @@ impl Merged {
             metrics_address,
             ignore_modules,
             command_timeout,
+            proxy: crate::proxy::ProxySettings {
+                http_proxy,
+                https_proxy,
+                no_proxy,
+            },
             files: self.files,
         })
     }

@@ -19,6 +19,8 @@ pub struct RawConfig {
     pub agent: Option<RawAgent>,
     /// `[bootstrap]` table.
     pub bootstrap: Option<RawBootstrap>,
+    /// `[proxy]` table.
+    pub proxy: Option<RawProxy>,
 }
 
 /// `[cluster]`: how to reach the management cluster.
@@ -110,4 +112,28 @@ pub struct RawBootstrap {
     /// killed with its process group and the bootstrap fails.
     #[schemars(with = "Option<String>")]
     pub command_timeout: Option<Spanned<String>>,
+}
+
+/// `[proxy]`: the HTTP proxy this host must use. The agent's downloads (tarball artifacts,
+/// repository keys) and its apt/dnf runs go through it, and during a claim containerd and the
+/// kubelet get it through systemd drop-ins (removed at the release) with the cluster's API
+/// endpoint, service and pod CIDRs, the host's name and loopback added to `no_proxy`. A user
+/// name and password in a URL are never logged (shown as `***`).
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawProxy {
+    /// Proxy for `http://` URLs, `http://[user:password@]host[:port]` (or `https://`): used by the
+    /// agent's downloads and apt/dnf, and given to containerd and the kubelet during a claim
+    /// (systemd drop-ins, removed at the release). The user and password are never logged.
+    #[schemars(with = "Option<String>")]
+    pub http_proxy: Option<Spanned<String>>,
+    /// Proxy for `https://` URLs (tunnelled with HTTP CONNECT), same form as `http_proxy`.
+    #[schemars(with = "Option<String>")]
+    pub https_proxy: Option<Spanned<String>>,
+    /// Destinations reached directly: host names, domains (`.example.com`, with their
+    /// subdomains), IP addresses and CIDRs, e.g. `["registry.internal", "10.0.0.0/8"]`.
+    /// containerd and the kubelet get these plus the host's loopback and name, the cluster's
+    /// API endpoint and its service and pod CIDRs (from the claim).
+    #[schemars(with = "Option<Vec<String>>")]
+    pub no_proxy: Option<Spanned<Vec<String>>>,
 }

@@ -79,6 +79,9 @@ fn sample_config_parses_and_equals_the_defaults() {
         "metrics_address",
         "ignore_modules",
         "command_timeout",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
     ] {
         assert!(
             sample.contains(&format!("# {key} = ")),
@@ -431,4 +434,36 @@ fn bootstrap_keys_are_checked_with_lines() {
     assert!(e.to_string().contains("unknown field"), "{e}");
     let e = load_text("[bootstrap]\nignore_modules = \"ntp\"\n").unwrap_err();
     assert_eq!(e.0[0].key, "bootstrap.ignore_modules");
+}
+
+#[test]
+fn proxy_urls_and_no_proxy_are_checked_and_credentials_never_shown() {
+    let s = load_text(
+        "[proxy]\nhttp_proxy = \"http://alice:s3cr3t@proxy:3128\"\nhttps_proxy = \"http://proxy:3128\"\nno_proxy = [\".corp.example\", \"10.0.0.0/8\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.proxy.http_proxy.as_ref().map(|u| u.password()),
+        Some(Some("s3cr3t"))
+    );
+    assert!(s.proxy.https_proxy.is_some());
+    assert_eq!(s.proxy.no_proxy, vec![".corp.example", "10.0.0.0/8"]);
+    assert!(!format!("{s:?}").contains("s3cr3t"));
+    assert!(!load_text("").unwrap().proxy.is_set());
+
+    let e = load_text(
+        "[proxy]\nhttp_proxy = \"socks5://alice:s3cr3t@proxy:1080\"\nhttps_proxy = \"proxy:3128\"\nno_proxy = [\"a b\"]\n",
+    )
+    .unwrap_err();
+    let text = e.to_string();
+    assert_eq!(e.0.len(), 3, "{text}");
+    assert!(
+        text.contains(":2: proxy.http_proxy")
+            && text.contains(":3: proxy.https_proxy")
+            && text.contains(":4: proxy.no_proxy")
+            && !text.contains("s3cr3t"),
+        "{text}"
+    );
+    let e = load_text("[proxy]\nftp_proxy = \"x\"\n").unwrap_err();
+    assert!(e.to_string().contains("proxy.ftp_proxy"), "{e}");
 }

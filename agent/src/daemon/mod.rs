@@ -249,6 +249,7 @@ async fn serve(
             skip_installation: settings.skip_installation,
             host_info: facts.host_info.clone(),
             package_manager: settings.package_manager,
+            proxy: settings.proxy.clone(),
         },
         systemd.clone(),
         crate::cloudinit::TokioRunner,

@@ -198,7 +198,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             tracing::warn!(byoh_machine = %machine, "bootstrap data: {note}");
         }
 
-        for next in bootstrap_steps(installer_ref.is_some(), &plan) {
+        for next in bootstrap_steps(self.settings.proxy.is_set(), installer_ref.is_some(), &plan) {
             let step = next.to_string();
             if next != BootstrapStep::Sentinel
                 && state.claim.as_ref().is_some_and(|w| w.done(&step))
@@ -207,6 +207,11 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
             failpoint(&step).await;
             match next {
+                BootstrapStep::Proxy => {
+                    self.record_start(state, &step, Rerun::Idempotent)?;
+                    self.write_proxy(claim, state).await?;
+                    self.record_finish(state, &step, Ok(()))?;
+                }
                 BootstrapStep::BootCmd(index) => {
                     let Some(c) = plan.boot_commands.iter().find(|c| c.index == index) else {
                         continue;
@@ -274,6 +279,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         download_dir: self.settings.download_dir.clone(),
                         root: self.settings.root.clone(),
                         package_manager: self.settings.package_manager,
+                        proxy: self.settings.proxy.clone(),
                     };
                     let manifest = self
                         .settings
@@ -429,6 +435,65 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         ));
         self.report(host, phase::PROVISIONED, state, &provisioned_conditions())
             .await
+    }
+
+    /// Writes the proxy's environment file and the drop-ins of containerd and the kubelet
+    /// (each recorded, so the clean-up removes them), reloads systemd, and restarts containerd
+    /// if it runs (it reads its environment only when it starts).
+    async fn write_proxy(&self, claim: &HostClaim, state: &mut HostState) -> Result<(), WorkError> {
+        let proxy = &self.settings.proxy;
+        let (no_proxy, refused) = crate::proxy::claim_no_proxy(
+            &proxy.no_proxy,
+            Some(self.host.name()),
+            claim
+                .control_plane_endpoint
+                .as_ref()
+                .map(|e| e.host.as_str()),
+            &claim.service_cidrs,
+            &claim.pod_cidrs,
+        );
+        if !refused.is_empty() {
+            tracing::warn!(
+                "left out of no_proxy, not host names, addresses or CIDRs: {}",
+                refused.join(" ")
+            );
+        }
+        let dropin = crate::proxy::dropin();
+        let files = [
+            (
+                crate::proxy::ENV_FILE,
+                crate::proxy::env_file(&proxy.environment(&no_proxy)),
+                0o600,
+            ),
+            (crate::proxy::CONTAINERD_DROPIN, dropin.clone(), 0o644),
+            (crate::proxy::KUBELET_DROPIN, dropin, 0o644),
+        ];
+        for (path, content, mode) in files {
+            let path = PathBuf::from(path);
+            let written = self.write_recorded(state, &path, content.as_bytes(), mode)?;
+            if let Some(w) = state.claim.as_mut()
+                && !w.written_files.iter().any(|f| f.path == path)
+            {
+                w.written_files.push(written);
+                self.save(state)?;
+            }
+        }
+        self.units.daemon_reload().await?;
+        if self
+            .units
+            .state(crate::units::CONTAINERD_UNIT)
+            .await?
+            .is_active()
+        {
+            self.units.restart(crate::units::CONTAINERD_UNIT).await?;
+        }
+        tracing::info!(
+            http_proxy = ?proxy.http_proxy.as_ref().map(crate::proxy::redact),
+            https_proxy = ?proxy.https_proxy.as_ref().map(crate::proxy::redact),
+            no_proxy = %no_proxy.join(","),
+            "proxy given to containerd and the kubelet"
+        );
+        Ok(())
     }
 
     pub(super) fn record_start(

@@ -260,6 +260,22 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     let backups = me.settings.state_dir.join("backups");
                     let _ = std::fs::remove_dir_all(&backups);
                     me.units.daemon_reload().await?;
+                    // A containerd that runs keeps the claim's proxy variables until it starts
+                    // again without them.
+                    let proxied = work.as_ref().is_some_and(|w| {
+                        w.written_files
+                            .iter()
+                            .any(|f| f.path == Path::new(crate::proxy::CONTAINERD_DROPIN))
+                    });
+                    if proxied
+                        && me
+                            .units
+                            .state(crate::units::CONTAINERD_UNIT)
+                            .await?
+                            .is_active()
+                    {
+                        me.units.restart(crate::units::CONTAINERD_UNIT).await?;
+                    }
                     Ok(())
                 })
                 .await

@@ -67,11 +67,14 @@ pub const RUNTIME_DIR_PARENTS: &[&str] = &["/etc/cni"];
 pub const FAILPOINT_ENV: &str = "BYOH_FAILPOINT";
 
 /// One step of the bootstrap. Its [`Display`](std::fmt::Display) form is the step's name in
-/// `state.json` and in the failpoint `pause-before:<step>`: `bootcmd[N]`, `install`,
+/// `state.json` and in the failpoint `pause-before:<step>`: `proxy`, `bootcmd[N]`, `install`,
 /// `provider-id`, `write_files[N]`, `mounts[N]`, `users[N]`, `ntp`, `runcmd[N]` (N is the
 /// entry's index in the cloud-config) and `sentinel`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BootstrapStep {
+    /// Give containerd and the kubelet the `[proxy]` ([`crate::proxy`]: an environment file and
+    /// a drop-in for each, recorded like `write_files`), first of all.
+    Proxy,
     /// Run `bootcmd[N]` (cloud-init module `bootcmd`), before everything else.
     BootCmd(usize),
     /// Add `mounts[N]` to fstab and mount it (cloud-init module `mounts`).
@@ -95,6 +98,7 @@ pub enum BootstrapStep {
 impl std::fmt::Display for BootstrapStep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            BootstrapStep::Proxy => f.write_str("proxy"),
             BootstrapStep::BootCmd(i) => write!(f, "bootcmd[{i}]"),
             BootstrapStep::Mount(i) => write!(f, "mounts[{i}]"),
             BootstrapStep::User(i) => write!(f, "users[{i}]"),
@@ -109,17 +113,21 @@ impl std::fmt::Display for BootstrapStep {
 }
 
 /// Every step of a bootstrap, in the order [`HostWorker`] runs them (it runs exactly this
-/// list): each `bootcmd` item, `install` when the claim names a K8sInstallerConfig and
+/// list): `proxy` when a `[proxy]` is configured (`proxy`), each `bootcmd` item, `install` when the claim names a K8sInstallerConfig and
 /// installation is not skipped (`install`), the provider-id drop-in, each `write_files` entry
 /// of `plan` that is not deferred, each `mounts` entry, each `users` entry, `ntp` (cloud-init's
 /// init and config stages), the deferred `write_files` entries, each `runcmd` entry, then the
 /// sentinel check.
-pub fn bootstrap_steps(install: bool, plan: &cloudinit::Plan) -> Vec<BootstrapStep> {
-    let mut steps: Vec<BootstrapStep> = plan
-        .boot_commands
-        .iter()
-        .map(|c| BootstrapStep::BootCmd(c.index))
-        .collect();
+pub fn bootstrap_steps(proxy: bool, install: bool, plan: &cloudinit::Plan) -> Vec<BootstrapStep> {
+    let mut steps: Vec<BootstrapStep> = Vec::new();
+    if proxy {
+        steps.push(BootstrapStep::Proxy);
+    }
+    steps.extend(
+        plan.boot_commands
+            .iter()
+            .map(|c| BootstrapStep::BootCmd(c.index)),
+    );
     if install {
         steps.push(BootstrapStep::Install);
     }
@@ -330,6 +338,8 @@ pub struct WorkSettings {
     pub host_info: byoh_api::byohost::HostInfo,
     /// `[host] package_manager`: overrides the package manager `host_info`'s OS implies.
     pub package_manager: Option<crate::installer::PackageManager>,
+    /// `[proxy]`: for the installer, and for containerd and the kubelet during a claim.
+    pub proxy: crate::proxy::ProxySettings,
 }
 
 /// The worker: one round of [`HostWorker::work`] per change of the ByoHost (and retries).

@@ -17,6 +17,8 @@ fn claim(uid: &str, release: bool) -> HostClaim {
         provider_id: "byoh://h/x".into(),
         claimed_at: None,
         control_plane_endpoint: None,
+        service_cidrs: vec![],
+        pod_cidrs: vec![],
         release_requested: release,
     }
 }
@@ -209,7 +211,7 @@ fn bootstrap_steps_name_every_step_in_order() {
     )
     .unwrap();
     let names = |install| {
-        bootstrap_steps(install, &plan)
+        bootstrap_steps(false, install, &plan)
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
@@ -232,6 +234,13 @@ fn bootstrap_steps_name_every_step_in_order() {
         ]
     );
     assert_eq!(names(false)[1], "provider-id");
+    // With a [proxy], containerd and the kubelet get it before anything else runs.
+    let proxied: Vec<String> = bootstrap_steps(true, true, &plan)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(proxied[0], "proxy");
+    assert_eq!(proxied[1..], names(true)[..]);
     assert_eq!(
         CLEANUP_STEPS.map(|s| s.to_string()),
         [

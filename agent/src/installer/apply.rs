@@ -20,6 +20,8 @@ use std::time::Duration;
 pub(super) struct Commands<'a, R> {
     pub(super) runner: &'a R,
     pub(super) scratch: &'a Path,
+    /// Added to each command's environment (the proxy variables; never shown).
+    pub(super) env: &'a [(&'static str, String)],
 }
 
 impl<R: CommandRunner> Commands<'_, R> {
@@ -32,7 +34,7 @@ impl<R: CommandRunner> Commands<'_, R> {
         let shown = argv.join(" ");
         let out = self
             .runner
-            .run(&RawCommand::Argv(argv.to_vec()), timeout)
+            .run_env(&RawCommand::Argv(argv.to_vec()), self.env, timeout)
             .await
             .map_err(|source| InstallError::CommandStart {
                 command: shown.clone(),
@@ -109,6 +111,10 @@ pub(super) struct Applier<'a, U, R> {
     pub(super) manifest: InstallManifest,
     /// Artifact name → verified download (file, or staging directory for bundles).
     pub(super) downloads: BTreeMap<&'static str, PathBuf>,
+    /// `[proxy]`: used by the downloads.
+    pub(super) proxy: &'a crate::proxy::ProxySettings,
+    /// The proxy variables of apt and dnf ([`crate::proxy::ProxySettings::environment`]).
+    pub(super) proxy_env: Vec<(&'static str, String)>,
 }
 
 /// What a file step puts in place.
@@ -180,6 +186,7 @@ impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
         Commands {
             runner: self.runner,
             scratch: self.download_dir,
+            env: &self.proxy_env,
         }
     }
 
@@ -403,7 +410,7 @@ impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
                 "downloading {name} {version} from {url} (sha256 {})",
                 a.sha256
             );
-            download::download(&a.url, &dest, Some(&a.sha256)).await?;
+            download::download(&a.url, &dest, Some(&a.sha256), self.proxy).await?;
             if let Some(i) = idx {
                 self.done(i)?;
             }

@@ -84,6 +84,7 @@ fn request(
             download_dir: settings.download_dir.clone(),
             root: PathBuf::from("/"),
             package_manager: settings.package_manager,
+            proxy: settings.proxy.clone(),
         },
         facts.host_info,
     ))

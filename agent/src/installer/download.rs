@@ -63,11 +63,31 @@ pub fn hex(bytes: &[u8]) -> String {
     })
 }
 
-fn client(url: &str) -> Result<reqwest::Client, InstallError> {
+/// The HTTP client of the downloads: through `proxy` when it is set (reqwest's own proxy
+/// support: plain requests for `http://` URLs, HTTP CONNECT tunnels for `https://`, basic
+/// authentication from the proxy URL's user and password), except for destinations its
+/// `no_proxy` list and the host's loopback match.
+fn client(url: &str, proxy: &crate::proxy::ProxySettings) -> Result<reqwest::Client, InstallError> {
     // reqwest is built with `rustls-no-provider`: the process-wide provider must be ring, the
     // one kube uses too. Installing it twice is harmless (the second call returns Err).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    let failed = |what: &str, e: reqwest::Error| InstallError::Download {
+        url: redact_url(url),
+        message: format!("{what}: {}", e.without_url()),
+    };
+    let mut builder = reqwest::Client::builder();
+    if proxy.is_set() {
+        let no_proxy = crate::proxy::local_no_proxy(&proxy.no_proxy).join(",");
+        if let Some(p) = &proxy.http_proxy {
+            let p = reqwest::Proxy::http(p.as_str()).map_err(|e| failed("the proxy", e))?;
+            builder = builder.proxy(p.no_proxy(reqwest::NoProxy::from_string(&no_proxy)));
+        }
+        if let Some(p) = &proxy.https_proxy {
+            let p = reqwest::Proxy::https(p.as_str()).map_err(|e| failed("the proxy", e))?;
+            builder = builder.proxy(p.no_proxy(reqwest::NoProxy::from_string(&no_proxy)));
+        }
+    }
+    builder
         .connect_timeout(CONNECT_TIMEOUT)
         .read_timeout(READ_TIMEOUT)
         .user_agent(concat!("byoh-agent/", env!("CARGO_PKG_VERSION")))
@@ -80,7 +100,8 @@ fn client(url: &str) -> Result<reqwest::Client, InstallError> {
 
 /// Downloads `url` to `dest` (through `dest` + `.part`), returning the sha256 of what was
 /// received. When `expected_sha256` is given and differs, nothing is left at `dest` or the
-/// `.part` path and [`InstallError::ChecksumMismatch`] is returned.
+/// `.part` path and [`InstallError::ChecksumMismatch`] is returned. Goes through `proxy` when it
+/// is set.
 ///
 /// # Errors
 /// [`InstallError::Download`] (connection, HTTP status, size), [`InstallError::Io`] (writing),
@@ -89,6 +110,7 @@ pub async fn download(
     url: &str,
     dest: &Path,
     expected_sha256: Option<&str>,
+    proxy: &crate::proxy::ProxySettings,
 ) -> Result<String, InstallError> {
     let shown = redact_url(url);
     let err = |message: String| InstallError::Download {
@@ -97,7 +119,7 @@ pub async fn download(
     };
     let part = part_path(dest);
     let result = async {
-        let mut resp = client(url)?
+        let mut resp = client(url, proxy)?
             .get(url)
             .send()
             .await

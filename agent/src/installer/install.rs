@@ -69,6 +69,10 @@ pub async fn install(
         backup_dir: backup_dir(manifest_path),
         manifest,
         downloads: BTreeMap::new(),
+        proxy: &req.proxy,
+        proxy_env: req
+            .proxy
+            .environment(&crate::proxy::local_no_proxy(&req.proxy.no_proxy)),
     };
     for step in &steps {
         ctx.apply(step, req).await?;

@@ -177,6 +177,7 @@ mod tests {
         let cmds = Commands {
             runner: &runner,
             scratch: dir.path(),
+            env: &[],
         };
         let present: Vec<String> = ["cri-tools", "kubeadm", "kubectl", "kubelet"]
             .map(String::from)

@@ -110,6 +110,8 @@ pub struct InstallRequest {
     /// The package manager of the `packages` source (`[host] package_manager`); `None`: the
     /// one the host's OS implies ([`package_manager`]).
     pub package_manager: Option<PackageManager>,
+    /// `[proxy]`: the downloads and apt/dnf go through it.
+    pub proxy: crate::proxy::ProxySettings,
 }
 
 /// One change that [`install()`] would make or [`uninstall()`] would revert, in one line.

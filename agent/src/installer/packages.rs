@@ -188,7 +188,7 @@ impl PackageSteps {
             StepProgress::Pending(i, _) => Some(i),
             StepProgress::Done => None,
         };
-        download::download(&self.key_url, &dest, None).await?;
+        download::download(&self.key_url, &dest, None, ctx.proxy).await?;
         if let Some(i) = idx {
             ctx.done(i)?;
         }

@@ -297,3 +297,54 @@ async fn dnf_packages_command_sequence_and_revert() {
         "dnf's cache of the repository removed, the rest as before"
     );
 }
+
+#[tokio::test]
+async fn apt_runs_with_the_proxy_and_loopback_downloads_bypass_it() {
+    let b = bed();
+    let units = debian_like(&b);
+    let (base, _) = serve(vec![(
+        "/Release.key",
+        b"-----BEGIN PGP PUBLIC KEY BLOCK-----\nxx\n".to_vec(),
+    )])
+    .await;
+    let runner = package_runner(
+        &["bash 5.2"],
+        &[
+            "kubeadm 1.36.3-1.1",
+            "kubelet 1.36.3-1.1",
+            "kubectl 1.36.3-1.1",
+        ],
+        true,
+    );
+    let mut req = request(&b, apt_spec(&base));
+    // A proxy that does not exist: the key on 127.0.0.1 is fetched directly (loopback is
+    // always in no_proxy), and apt is handed the proxy.
+    let url = crate::proxy::parse_url("http://u:pw@proxy.invalid:3128").unwrap();
+    req.proxy = crate::proxy::ProxySettings {
+        http_proxy: Some(url.clone()),
+        https_proxy: Some(url),
+        no_proxy: vec![".corp.example".into()],
+    };
+    install(&req, &os_debian(), &units, &runner, &b.manifest)
+        .await
+        .unwrap();
+    let envs = runner.envs.lock().unwrap().clone();
+    let apt: Vec<_> = envs.iter().filter(|(c, _)| c.contains("apt-get")).collect();
+    assert!(
+        apt.iter().any(|(c, _)| c.contains(" update -q"))
+            && apt.iter().any(|(c, _)| c.contains(" install ")),
+        "{envs:#?}"
+    );
+    for (command, env) in apt {
+        for (k, v) in [
+            ("http_proxy", "http://u:pw@proxy.invalid:3128/"),
+            ("HTTPS_PROXY", "http://u:pw@proxy.invalid:3128/"),
+            ("no_proxy", ".corp.example,localhost,127.0.0.1,::1"),
+        ] {
+            assert!(
+                env.iter().any(|(ek, ev)| *ek == k && ev == v),
+                "{command}: {k} not {v}: {env:?}"
+            );
+        }
+    }
+}

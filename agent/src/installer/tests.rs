@@ -65,6 +65,9 @@ pub(super) async fn serve(
     (format!("http://{addr}"), log)
 }
 
+/// Variables added to a command's environment.
+pub(super) type Env = Vec<(&'static str, String)>;
+
 pub(super) type Responder = Box<dyn Fn(&[String]) -> (i32, String) + Send + Sync>;
 
 /// Records every command (unwrapping the installer's stdout-capturing `sh -c` wrapper) and
@@ -72,6 +75,8 @@ pub(super) type Responder = Box<dyn Fn(&[String]) -> (i32, String) + Send + Sync
 pub(super) struct FakeRunner {
     pub(super) calls: Mutex<Vec<String>>,
     pub(super) respond: Responder,
+    /// Each command run with variables added ([`CommandRunner::run_env`]) and the variables.
+    pub(super) envs: Mutex<Vec<(String, Env)>>,
 }
 
 impl FakeRunner {
@@ -81,6 +86,7 @@ impl FakeRunner {
         FakeRunner {
             calls: Mutex::new(Vec::new()),
             respond: Box::new(respond),
+            envs: Mutex::new(Vec::new()),
         }
     }
     pub(super) fn ok() -> Self {
@@ -92,6 +98,20 @@ impl FakeRunner {
 }
 
 impl CommandRunner for FakeRunner {
+    async fn run_env(
+        &self,
+        command: &RawCommand,
+        env: &[(&'static str, String)],
+        timeout: Duration,
+    ) -> std::io::Result<CommandOutcome> {
+        let out = self.run(command, timeout).await;
+        if !env.is_empty() {
+            let last = self.calls().last().cloned().unwrap_or_default();
+            self.envs.lock().unwrap().push((last, env.to_vec()));
+        }
+        out
+    }
+
     async fn run(
         &self,
         command: &RawCommand,
@@ -288,6 +308,7 @@ pub(super) fn request(b: &Bed, spec: K8sInstallerConfigSpec) -> InstallRequest {
         download_dir: b.downloads.clone(),
         root: b.root.clone(),
         package_manager: None,
+        proxy: Default::default(),
     }
 }
 

@@ -50,9 +50,11 @@ pub async fn uninstall_keeping(
         .parent()
         .unwrap_or(Path::new("."))
         .to_path_buf();
+    // Removing packages needs no network: no proxy variables.
     let cmds = Commands {
         runner,
         scratch: &scratch,
+        env: &[],
     };
     let mut restart_at_end: Vec<String> = Vec::new();
     let mut apt_update_at_end = false;

@@ -84,6 +84,7 @@ pub(super) async fn provision(
             }
             None => None,
         };
+        let (service_cidrs, pod_cidrs) = cluster.spec.cidrs();
         let claim = HostClaim {
             machine_ref: MachineReference {
                 name: n.name.clone(),
@@ -100,6 +101,8 @@ pub(super) async fn provision(
                 .control_plane_endpoint
                 .clone()
                 .filter(|e| !e.host.is_empty()),
+            service_cidrs,
+            pod_cidrs,
             release_requested: false,
         };
         let machines_known = ctx.machines_ready.is_ready();
