@@ -22,6 +22,22 @@ pub fn deb_in_host() -> String {
     )
 }
 
+/// The agent package on this machine (`dist/`, built by `packaging/build-packages --arch
+/// amd64`), or `None` after reporting it missing ([`crate::missing_part`]).
+pub fn deb_on_machine() -> Option<std::path::PathBuf> {
+    let deb = crate::agent::repo_root()
+        .join("dist")
+        .join(deb_in_host().rsplit('/').next().unwrap_or_default());
+    if deb.exists() {
+        return Some(deb);
+    }
+    crate::missing_part(&format!(
+        "{} is missing; run packaging/build-packages --arch amd64",
+        deb.display()
+    ));
+    None
+}
+
 /// Registers `hosts` (each with the host label `e2e-host=<label>`) into pool `namespace`: a
 /// BootstrapKubeconfig `pool` for the API server at `api_server` (as the hosts reach it) with
 /// CA `ca_data` (base64 PEM, as in a kubeconfig), the agent from [`deb_in_host`] configured

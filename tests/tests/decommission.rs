@@ -47,16 +47,7 @@ async fn setup(label: &str) -> Option<Bed> {
     if !hosts::available() {
         return None;
     }
-    let deb = agent::repo_root()
-        .join("dist")
-        .join(pool::deb_in_host().rsplit('/').next().unwrap_or_default());
-    if !deb.exists() {
-        byoh_tests::missing_part(&format!(
-            "{} is missing; run packaging/build-packages --arch amd64",
-            deb.display()
-        ));
-        return None;
-    }
+    pool::deb_on_machine()?;
     access::install_components(&admin).await.unwrap();
     let ns = TestNamespace::create(&admin, label).await.unwrap();
     let kubeconfig = control_plane::kubeconfig_path().unwrap();

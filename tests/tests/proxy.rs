@@ -14,11 +14,11 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_api::ByoHost;
-use byoh_tests::agent::{self, wait_for};
+use byoh_tests::agent;
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::controller::ControllerProcess;
 use byoh_tests::hosts::{self, BootOptions, Host, NETWORK_GATEWAY};
-use byoh_tests::{access, pool, tarball};
+use byoh_tests::{access, packages_claim, pool, tarball};
 use kube::Api;
 use std::path::Path;
 use std::process::Stdio;
@@ -156,25 +156,6 @@ async fn claim(admin: &kube::Client, ns: &str, name: &str, uid: &str) {
     .unwrap();
 }
 
-/// Releases the claim of `uid` as the controller does: asks, waits for the clean-up, drops it.
-async fn release(admin: &kube::Client, hosts: &Api<ByoHost>, ns: &str, name: &str, uid: &str) {
-    agent::request_release(admin, ns, name).await.unwrap();
-    wait_for("the agent's clean-up", Duration::from_secs(120), || async {
-        Ok(hosts.get_opt(name).await?.filter(|h| {
-            h.status
-                .as_ref()
-                .and_then(|s| s.cleaned_machine_uid.as_deref())
-                == Some(uid)
-        }))
-    })
-    .await
-    .unwrap();
-    agent::drop_claim(admin, ns, name).await.unwrap();
-    agent::wait_phase(hosts, name, "Available", Duration::from_secs(60))
-        .await
-        .unwrap();
-}
-
 fn condition_message(host: &ByoHost, type_: &str) -> String {
     host.status
         .as_ref()
@@ -191,14 +172,7 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     if !hosts::available() {
         return;
     }
-    let deb = agent::repo_root()
-        .join("dist")
-        .join(pool::deb_in_host().rsplit('/').next().unwrap_or_default());
-    if !deb.exists() {
-        byoh_tests::missing_part(&format!(
-            "{} is missing; run packaging/build-packages --arch amd64",
-            deb.display()
-        ));
+    if pool::deb_on_machine().is_none() {
         return;
     }
     let Some(proxy) = Proxy::start() else {
@@ -268,7 +242,7 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     );
     assert_eq!(server.hits("/kubeadm") + server.hits("/kubelet"), 0);
     assert!(!proxy.log().contains("127.0.0.2"), "{}", proxy.log());
-    release(&admin, &hosts, &nsn, &name, "uid-direct").await;
+    packages_claim::release(&admin, &nsn, &hosts, &name, "uid-direct").await;
 
     // With [proxy] (a drop-in of the packaged config, the agent restarted).
     host.write_file(
@@ -343,7 +317,7 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     }
 
     // Released: the files are gone, containerd runs without the proxy, the tree is as before.
-    release(&admin, &hosts, &nsn, &name, "uid-proxied").await;
+    packages_claim::release(&admin, &nsn, &hosts, &name, "uid-proxied").await;
     for path in [
         "/etc/byoh/proxy.env",
         "/etc/systemd/system/containerd.service.d",
