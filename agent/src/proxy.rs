@@ -75,6 +75,12 @@ impl ProxySettings {
         }
         env
     }
+
+    /// [`ProxySettings::environment`] with [`local_no_proxy`]: the variables of the agent's own
+    /// apt and dnf runs (install and uninstall).
+    pub fn local_environment(&self) -> Vec<(&'static str, String)> {
+        self.environment(&local_no_proxy(&self.no_proxy))
+    }
 }
 
 /// `url` for logs, errors and status: the password (and user name) replaced by `***`.

@@ -62,10 +62,20 @@ impl FileServer {
         files: Vec<(String, Vec<u8>)>,
         ca: &TestCa,
     ) -> anyhow::Result<FileServer> {
-        let (chain, key) = ca.server_certificate(&[
-            "127.0.0.1".to_string(),
-            crate::hosts::NETWORK_GATEWAY.to_string(),
-        ])?;
+        Self::start_tls_at("127.0.0.1", files, ca).await
+    }
+
+    /// Like [`FileServer::start_tls`], on loopback address `ip`, with a certificate for `ip`
+    /// and the test network's gateway.
+    ///
+    /// Errors when the port cannot be bound or the certificate cannot be made.
+    pub async fn start_tls_at(
+        ip: &str,
+        files: Vec<(String, Vec<u8>)>,
+        ca: &TestCa,
+    ) -> anyhow::Result<FileServer> {
+        let (chain, key) =
+            ca.server_certificate(&[ip.to_string(), crate::hosts::NETWORK_GATEWAY.to_string()])?;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let config = rustls::ServerConfig::builder()
             .with_no_client_auth()
@@ -73,7 +83,7 @@ impl FileServer {
         Self::serve(
             bodies(files),
             Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
-            "127.0.0.1",
+            ip,
         )
         .await
     }

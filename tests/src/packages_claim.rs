@@ -125,6 +125,18 @@ pub async fn wait_phase(hosts: &Api<ByoHost>, name: &str, phase: &str, secs: u64
 /// Release the claim of `uid` and drop it, as the controller does; waits for `Available`.
 pub async fn release(client: &kube::Client, ns: &str, hosts: &Api<ByoHost>, name: &str, uid: &str) {
     agent::request_release(client, ns, name).await.unwrap();
+    wait_released(client, ns, hosts, name, uid).await;
+}
+
+/// The rest of [`release`] once it is requested: waits for the clean-up of `uid`, drops the
+/// claim and waits for `Available`.
+pub async fn wait_released(
+    client: &kube::Client,
+    ns: &str,
+    hosts: &Api<ByoHost>,
+    name: &str,
+    uid: &str,
+) {
     agent::wait_for("cleanedMachineUID", Duration::from_secs(120), || async {
         Ok(hosts.get_opt(name).await?.filter(|h| {
             h.status

@@ -33,15 +33,23 @@ pub async fn server() -> anyhow::Result<FileServer> {
 /// # Errors
 /// When the server cannot start.
 pub async fn server_at(ip: &str) -> anyhow::Result<FileServer> {
-    FileServer::start_at(
-        ip,
-        vec![
-            ("/kubeadm".into(), KUBEADM.as_bytes().to_vec()),
-            ("/kubelet".into(), KUBELET.as_bytes().to_vec()),
-            ("/kubectl".into(), KUBECTL.as_bytes().to_vec()),
-        ],
-    )
-    .await
+    FileServer::start_at(ip, files()).await
+}
+
+/// Serves the stand-ins over HTTPS on loopback address `ip`, with a certificate of `ca`.
+///
+/// # Errors
+/// When the server cannot start.
+pub async fn server_tls_at(ip: &str, ca: &crate::http::TestCa) -> anyhow::Result<FileServer> {
+    FileServer::start_tls_at(ip, files(), ca).await
+}
+
+fn files() -> Vec<(String, Vec<u8>)> {
+    vec![
+        ("/kubeadm".into(), KUBEADM.as_bytes().to_vec()),
+        ("/kubelet".into(), KUBELET.as_bytes().to_vec()),
+        ("/kubectl".into(), KUBECTL.as_bytes().to_vec()),
+    ]
 }
 
 /// The `spec` of a K8sInstallerConfig with a `tarball` source on `server` (YAML, as `byoh-agent
@@ -51,14 +59,24 @@ pub async fn server_at(ip: &str) -> anyhow::Result<FileServer> {
 /// # Errors
 /// When hashing fails.
 pub fn spec_yaml(server: &FileServer, kubelet_sha256: Option<&str>) -> anyhow::Result<String> {
-    let sha = |b: &str| crate::http::sha256(b.as_bytes());
     let base = server.base();
+    spec_yaml_from([base, base, base], kubelet_sha256)
+}
+
+/// [`spec_yaml`] with each artifact from a server of its own: `bases` are the base URLs of
+/// kubeadm, the kubelet and kubectl.
+///
+/// # Errors
+/// When hashing fails.
+pub fn spec_yaml_from(bases: [&str; 3], kubelet_sha256: Option<&str>) -> anyhow::Result<String> {
+    let sha = |b: &str| crate::http::sha256(b.as_bytes());
+    let [kubeadm, kubelet, kubectl] = bases;
     let kubelet_sha = match kubelet_sha256 {
         Some(s) => s.to_string(),
         None => sha(KUBELET)?,
     };
     Ok(format!(
-        "tarball:\n  kubeadm:\n    url: {base}/kubeadm\n    sha256: {}\n  kubelet:\n    url: {base}/kubelet?token=s3cr3t\n    sha256: {kubelet_sha}\n  kubectl:\n    url: {base}/kubectl\n    sha256: {}\n",
+        "tarball:\n  kubeadm:\n    url: {kubeadm}/kubeadm\n    sha256: {}\n  kubelet:\n    url: {kubelet}/kubelet?token=s3cr3t\n    sha256: {kubelet_sha}\n  kubectl:\n    url: {kubectl}/kubectl\n    sha256: {}\n",
         sha(KUBEADM)?,
         sha(KUBECTL)?,
     ))
@@ -75,7 +93,22 @@ pub async fn create_config(
     server: &FileServer,
     kubelet_sha256: Option<&str>,
 ) -> anyhow::Result<()> {
-    let spec: serde_json::Value = serde_yaml_ng::from_str(&spec_yaml(server, kubelet_sha256)?)?;
+    let base = server.base();
+    create_config_from(client, namespace, name, [base, base, base], kubelet_sha256).await
+}
+
+/// [`create_config`] with the artifacts of [`spec_yaml_from`].
+///
+/// # Errors
+/// When the API server refuses it.
+pub async fn create_config_from(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    bases: [&str; 3],
+    kubelet_sha256: Option<&str>,
+) -> anyhow::Result<()> {
+    let spec: serde_json::Value = serde_yaml_ng::from_str(&spec_yaml_from(bases, kubelet_sha256)?)?;
     let config: K8sInstallerConfig = serde_json::from_value(serde_json::json!({
         "apiVersion": byoh_api::API_VERSION,
         "kind": "K8sInstallerConfig",

@@ -1,11 +1,14 @@
 //! Issue 17 #5: `[proxy]` on a booted host of the test network running the packaged agent
 //! (`dist/*.deb`), against the real control plane and `byoh-controller`. The tarball artifacts
 //! are served on 127.0.0.2, which the host cannot reach (only 127.0.0.1 is forwarded to the test
-//! network); a tinyproxy on this machine's loopback (reached by the host at the gateway, as
-//! every loopback port) with basic authentication is the only way to them.
+//! network): kubeadm over plain HTTP, the kubelet and kubectl over HTTPS with a certificate of a
+//! site CA the host trusts. A tinyproxy on this machine's loopback (reached by the host at the
+//! gateway, as every loopback port) with basic authentication is the only way to them.
 //!
 //! It shows: without `[proxy]` the claim's download fails; with it the install goes through the
-//! proxy (its log shows the requests, with the credentials the URL carries); during the claim
+//! proxy (its log shows the plain request and the HTTP CONNECT tunnels, with the credentials the
+//! URL carries); the agent killed before the `proxy` step and again before the clean-up's
+//! `remove-files` converges, the step run once; during the claim
 //! containerd and the kubelet run with the proxy variables and a `no_proxy` holding the claim's
 //! CIDRs, API endpoint and the host's name; after the release the files are gone, containerd
 //! runs without them and the host's file tree is as before the claim; the proxy password is in
@@ -17,7 +20,9 @@ use byoh_api::ByoHost;
 use byoh_tests::agent;
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::controller::ControllerProcess;
+use byoh_tests::failpoint::{assert_restarted_by_systemd, kill_at, set_failpoint};
 use byoh_tests::hosts::{self, BootOptions, Host, NETWORK_GATEWAY};
+use byoh_tests::http::TestCa;
 use byoh_tests::{access, packages_claim, pool, tarball};
 use kube::Api;
 use std::path::Path;
@@ -179,6 +184,8 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
         return;
     };
     let server = tarball::server_at("127.0.0.2").await.unwrap();
+    let ca = TestCa::new("BYOH proxy test site CA").unwrap();
+    let tls = tarball::server_tls_at("127.0.0.2", &ca).await.unwrap();
     access::install_components(&admin).await.unwrap();
     let ns = TestNamespace::create(&admin, "proxy").await.unwrap();
     let nsn = ns.name().to_string();
@@ -196,6 +203,19 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     .await
     .unwrap();
     let name = host.name().to_string();
+    // The site CA of the HTTPS artifacts, as an operator adds it; the directory of the
+    // failpoint drop-ins stays between the kills.
+    host.write_file(
+        "/usr/local/share/ca-certificates/byoh-proxy-test-ca.crt",
+        ca.pem().as_bytes(),
+        0o644,
+    )
+    .await
+    .unwrap();
+    host.run(&["update-ca-certificates"]).await.unwrap();
+    host.run(&["mkdir", "-p", "/etc/systemd/system/byoh-agent.service.d"])
+        .await
+        .unwrap();
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
     let cluster = kc.clusters[0].cluster.clone().unwrap();
     let api_server = cluster
@@ -219,9 +239,15 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
         );
     }
     let hosts: Api<ByoHost> = Api::namespaced(admin.clone(), &nsn);
-    tarball::create_config(&admin, &nsn, "tarball", &server, None)
-        .await
-        .unwrap();
+    tarball::create_config_from(
+        &admin,
+        &nsn,
+        "tarball",
+        [server.base(), tls.base(), tls.base()],
+        None,
+    )
+    .await
+    .unwrap();
     agent::create_bootstrap_secret(&admin, &nsn, "bootstrap", &cabpk_case())
         .await
         .unwrap();
@@ -237,10 +263,11 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
         .unwrap();
     let message = condition_message(&failed, "K8sComponentsInstalled");
     assert!(
-        message.starts_with("False") && message.contains(&format!("{}/kube", server.base())),
+        message.starts_with("False") && message.contains("://127.0.0.2:"),
         "{message}"
     );
-    assert_eq!(server.hits("/kubeadm") + server.hits("/kubelet"), 0);
+    let hits = |path| server.hits(path) + tls.hits(path);
+    assert_eq!(tarball::PATHS.map(hits), [0, 0, 0]);
     assert!(!proxy.log().contains("127.0.0.2"), "{}", proxy.log());
     packages_claim::release(&admin, &nsn, &hosts, &name, "uid-direct").await;
 
@@ -263,7 +290,13 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     let containerd_before = environ(&host, "containerd").await;
     assert!(!containerd_before.is_empty() && !containerd_before.contains("HTTP_PROXY"));
 
+    // Killed before the `proxy` step: systemd restarts the agent, which runs it once.
+    set_failpoint(&host, Some("proxy")).await;
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
     claim(&admin, &nsn, &name, "uid-proxied").await;
+    kill_at(&host, "proxy").await;
     if let Err(e) = agent::wait_phase(&hosts, &name, "Provisioned", Duration::from_secs(180)).await
     {
         panic!(
@@ -273,16 +306,38 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
             pool::journals(std::slice::from_ref(&host)).await
         );
     }
+    assert_restarted_by_systemd(&host).await;
     // The downloads went through the proxy, authenticated (an unauthenticated request gets 407
-    // and no file).
+    // and no file): kubeadm as a plain request, the others through a CONNECT tunnel to the
+    // HTTPS server (the proxy sees only the tunnel's address).
     let log = proxy.log();
-    for path in tarball::PATHS {
-        assert!(
-            log.contains(&format!("GET {}{path}", server.base())),
-            "{path} not requested through the proxy:\n{log}"
-        );
-        assert!(server.hits(path) >= 1, "{path}");
+    assert!(
+        log.contains(&format!("GET {}/kubeadm", server.base())),
+        "kubeadm not requested through the proxy:\n{log}"
+    );
+    let tunnel = format!("CONNECT {}", tls.base().trim_start_matches("https://"));
+    assert!(
+        log.contains(&tunnel),
+        "no {tunnel} in the proxy's log:\n{log}"
+    );
+    for (path, served) in [
+        ("/kubeadm", &server),
+        ("/kubelet", &tls),
+        ("/kubectl", &tls),
+    ] {
+        assert_eq!(served.hits(path), 1, "{path} downloaded once");
     }
+    let journal = host
+        .run(&["journalctl", "--no-pager", "-u", "byoh-agent"])
+        .await
+        .unwrap();
+    assert_eq!(
+        journal
+            .matches("proxy given to containerd and the kubelet")
+            .count(),
+        1,
+        "the proxy step ran once:\n{journal}"
+    );
     // The environment file (root only) and the drop-ins naming it.
     let expected_no_proxy = format!(
         ".corp.example,localhost,127.0.0.1,::1,{name},{ENDPOINT},{SERVICE_CIDR},{POD_CIDR}"
@@ -316,8 +371,16 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
         }
     }
 
-    // Released: the files are gone, containerd runs without the proxy, the tree is as before.
-    packages_claim::release(&admin, &nsn, &hosts, &name, "uid-proxied").await;
+    // Released, the agent killed before `remove-files`: the files are gone, containerd runs
+    // without the proxy, the tree is as before.
+    set_failpoint(&host, Some("remove-files")).await;
+    host.run(&["systemctl", "restart", "byoh-agent"])
+        .await
+        .unwrap();
+    agent::request_release(&admin, &nsn, &name).await.unwrap();
+    kill_at(&host, "remove-files").await;
+    packages_claim::wait_released(&admin, &nsn, &hosts, &name, "uid-proxied").await;
+    assert_restarted_by_systemd(&host).await;
     for path in [
         "/etc/byoh/proxy.env",
         "/etc/systemd/system/containerd.service.d",

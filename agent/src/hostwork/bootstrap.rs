@@ -332,6 +332,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                                 &self.settings.root,
                                 &self.units,
                                 &self.runner,
+                                &self.settings.proxy,
                             )
                             .await
                             {

@@ -290,6 +290,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         &me.settings.root,
                         &me.units,
                         &me.runner,
+                        &me.settings.proxy,
                     )
                     .await?;
                     if let Ok(mut v) = kept_ref.lock() {

@@ -196,7 +196,7 @@ fn uninstall_cmd(settings: &Settings) -> Result<(), String> {
         let units = crate::systemd::dbus::SystemdManager::connect()
             .await
             .map_err(|e| e.to_string())?;
-        uninstall(&mp, Path::new("/"), &units, &TokioRunner)
+        uninstall(&mp, Path::new("/"), &units, &TokioRunner, &settings.proxy)
             .await
             .map_err(|e| format!("{e} (run uninstall again once fixed: every step is idempotent)"))
     })?;

@@ -70,9 +70,7 @@ pub async fn install(
         manifest,
         downloads: BTreeMap::new(),
         proxy: &req.proxy,
-        proxy_env: req
-            .proxy
-            .environment(&crate::proxy::local_no_proxy(&req.proxy.no_proxy)),
+        proxy_env: req.proxy.local_environment(),
     };
     for step in &steps {
         ctx.apply(step, req).await?;

@@ -165,9 +165,15 @@ async fn apt_packages_command_sequence_and_revert() {
     // What dpkg does when it purges kubernetes-cni: /opt goes (nothing else lists it).
     std::fs::remove_dir(b.root.join("opt")).unwrap();
     let n = runner.calls().len();
-    uninstall(&b.manifest, &b.root, &units, &runner)
-        .await
-        .unwrap();
+    uninstall(
+        &b.manifest,
+        &b.root,
+        &units,
+        &runner,
+        &crate::proxy::ProxySettings::default(),
+    )
+    .await
+    .unwrap();
     let calls = runner.calls()[n..].to_vec();
     let cmds: Vec<&str> = calls
         .iter()
@@ -213,9 +219,15 @@ async fn apt_refuses_another_installed_version_before_installing() {
         "a binary key is a .gpg keyring"
     );
     let before_uninstall = runner.calls().len();
-    uninstall(&b.manifest, &b.root, &units, &runner)
-        .await
-        .unwrap();
+    uninstall(
+        &b.manifest,
+        &b.root,
+        &units,
+        &runner,
+        &crate::proxy::ProxySettings::default(),
+    )
+    .await
+    .unwrap();
     assert!(
         !runner.calls()[before_uninstall..]
             .iter()
@@ -275,9 +287,15 @@ async fn dnf_packages_command_sequence_and_revert() {
         "rpm does not enable the kubelet: the installer does"
     );
     let n = runner.calls().len();
-    uninstall(&b.manifest, &b.root, &units, &runner)
-        .await
-        .unwrap();
+    uninstall(
+        &b.manifest,
+        &b.root,
+        &units,
+        &runner,
+        &crate::proxy::ProxySettings::default(),
+    )
+    .await
+    .unwrap();
     // dnf remove skips gpg-pubkey packages without an error: rpm -e removes the key.
     assert_eq!(
         runner.calls()[n..]
@@ -299,7 +317,7 @@ async fn dnf_packages_command_sequence_and_revert() {
 }
 
 #[tokio::test]
-async fn apt_runs_with_the_proxy_and_loopback_downloads_bypass_it() {
+async fn apt_runs_with_the_proxy_in_install_and_uninstall_and_loopback_downloads_bypass_it() {
     let b = bed();
     let units = debian_like(&b);
     let (base, _) = serve(vec![(
@@ -328,7 +346,18 @@ async fn apt_runs_with_the_proxy_and_loopback_downloads_bypass_it() {
     install(&req, &os_debian(), &units, &runner, &b.manifest)
         .await
         .unwrap();
+    // The uninstall's final `apt-get update` reads the remaining sources: through the proxy too.
+    let installed = runner.envs.lock().unwrap().len();
+    uninstall(&b.manifest, &b.root, &units, &runner, &req.proxy)
+        .await
+        .unwrap();
     let envs = runner.envs.lock().unwrap().clone();
+    assert!(
+        envs[installed..]
+            .iter()
+            .any(|(c, _)| c.contains("apt-get") && c.ends_with(" update -q")),
+        "{envs:#?}"
+    );
     let apt: Vec<_> = envs.iter().filter(|(c, _)| c.contains("apt-get")).collect();
     assert!(
         apt.iter().any(|(c, _)| c.contains(" update -q"))

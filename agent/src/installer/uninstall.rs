@@ -11,12 +11,15 @@ use super::{
     SHORT_COMMAND_TIMEOUT, download, packages,
 };
 use crate::cloudinit::CommandRunner;
+use crate::proxy::ProxySettings;
 use crate::systemd::UnitManager;
 use std::path::Path;
 
 /// Reverts everything the manifest at `manifest_path` records, last change first, then
 /// deletes the manifest and its backups. Each revert is idempotent: what is already gone is
 /// skipped, so an interrupted uninstall is simply run again. Without a manifest, nothing to do.
+/// apt and dnf run with `proxy`'s variables (`[proxy]`): `dnf remove` may refresh its
+/// repository metadata and the final `apt-get update` reads the remaining sources.
 ///
 /// # Errors
 /// [`InstallError`] of the first revert that failed; the manifest is then kept.
@@ -25,8 +28,9 @@ pub async fn uninstall(
     root: &Path,
     units: &impl UnitManager,
     runner: &impl CommandRunner,
+    proxy: &ProxySettings,
 ) -> Result<(), InstallError> {
-    uninstall_keeping(manifest_path, root, units, runner)
+    uninstall_keeping(manifest_path, root, units, runner, proxy)
         .await
         .map(|_| ())
 }
@@ -41,6 +45,7 @@ pub async fn uninstall_keeping(
     root: &Path,
     units: &impl UnitManager,
     runner: &impl CommandRunner,
+    proxy: &ProxySettings,
 ) -> Result<Vec<KeptPackage>, InstallError> {
     let mut kept = Vec::new();
     let Some(manifest) = InstallManifest::load(manifest_path)? else {
@@ -50,11 +55,11 @@ pub async fn uninstall_keeping(
         .parent()
         .unwrap_or(Path::new("."))
         .to_path_buf();
-    // Removing packages needs no network: no proxy variables.
+    let env = proxy.local_environment();
     let cmds = Commands {
         runner,
         scratch: &scratch,
-        env: &[],
+        env: &env,
     };
     let mut restart_at_end: Vec<String> = Vec::new();
     let mut apt_update_at_end = false;
