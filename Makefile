@@ -39,10 +39,10 @@ demo:
 demo-down:
 	tests/demo/down
 
-## bench: speed and memory figures on the real test bed (release builds: the agent with the
-## release-agent profile the packages use); prints one line each
+## bench: speed and memory figures on the real test bed (the agent from its amd64 .deb,
+## installed and started as an operator does); prints one line each
 bench:
-	$(CARGO) build --profile release-agent -p byoh-agent
+	packaging/build-packages --arch amd64
 	tests/run $(CARGO) bench -p byoh-tests
 
 ## lint: rustfmt, clippy and rustdoc (doc links) with warnings as errors

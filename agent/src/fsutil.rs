@@ -1,7 +1,6 @@
 //! Atomic file writes: write a temporary file in the target's directory, fsync it, rename it
 //! over the target, fsync the directory. A crash leaves either the old or the new file.
 
-use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -11,6 +10,19 @@ use std::path::{Path, PathBuf};
 /// # Errors
 /// The I/O error of the step that failed (create, write, fsync, chmod or rename).
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomic_from(path, &mut &data[..], mode)
+}
+
+/// [`write_atomic`] with the content read from `data` as it is written (a large or
+/// compressed content is never held whole).
+///
+/// # Errors
+/// As [`write_atomic`], and the error of reading `data`.
+pub fn write_atomic_from(
+    path: &Path,
+    data: &mut dyn std::io::Read,
+    mode: u32,
+) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -29,7 +41,7 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
             .open(&tmp)?;
         // The umask may have cleared bits of `mode`; set them exactly.
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(data)?;
+        std::io::copy(data, &mut f)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         std::fs::File::open(dir)?.sync_all()

@@ -237,14 +237,10 @@ pub async fn install_agent(
     install_agent_binary(host, AGENT_IN_HOST, config, bootstrap).await
 }
 
-/// Release build of the agent inside a test host: the `release-agent` profile the packages are
-/// built with (built by `make bench`).
-pub const RELEASE_AGENT_IN_HOST: &str = "/byoh/target/release-agent/byoh-agent";
-
 /// Like [`install_agent`], with the agent binary at `binary` (a path inside the host).
 ///
 /// Errors when a copy or command inside the host fails.
-pub async fn install_agent_binary(
+async fn install_agent_binary(
     host: &Host,
     binary: &str,
     config: &str,

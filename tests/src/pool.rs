@@ -38,6 +38,50 @@ pub fn deb_on_machine() -> Option<std::path::PathBuf> {
     None
 }
 
+/// Installs the agent package [`deb_in_host`] on `host` with apt-get, as an operator does (the
+/// unit enabled, not started).
+///
+/// Errors when apt-get fails (its output in the message).
+pub async fn install_deb(host: &Host) -> anyhow::Result<()> {
+    let out = host
+        .exec(&[
+            "sh",
+            "-c",
+            &format!(
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends {} 2>&1",
+                deb_in_host()
+            ),
+        ])
+        .await?;
+    ensure!(
+        out.success(),
+        "apt-get install of the agent on {}: {}",
+        host.name(),
+        out.stdout
+    );
+    Ok(())
+}
+
+/// Configures the packaged agent on `host` as Ansible would: `config` as the drop-in
+/// `/etc/byoh/agent.toml.d/50-cluster.toml` and `bootstrap` as `/etc/byoh/bootstrap-kubeconfig`
+/// (both 0600).
+///
+/// Errors when a write fails.
+pub async fn configure(host: &Host, config: &str, bootstrap: &str) -> anyhow::Result<()> {
+    host.write_file(
+        "/etc/byoh/agent.toml.d/50-cluster.toml",
+        config.as_bytes(),
+        0o600,
+    )
+    .await?;
+    host.write_file(
+        "/etc/byoh/bootstrap-kubeconfig",
+        bootstrap.as_bytes(),
+        0o600,
+    )
+    .await
+}
+
 /// Registers `hosts` (each with the host label `e2e-host=<label>`) into pool `namespace`: a
 /// BootstrapKubeconfig `pool` for the API server at `api_server` (as the hosts reach it) with
 /// CA `ca_data` (base64 PEM, as in a kubeconfig), the agent from [`deb_in_host`] configured
@@ -78,37 +122,11 @@ pub async fn register(
     )
     .await?;
     for (host, label) in hosts {
-        let out = host
-            .exec(&[
-                "sh",
-                "-c",
-                &format!(
-                    "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends {} 2>&1",
-                    deb_in_host()
-                ),
-            ])
-            .await?;
-        ensure!(
-            out.success(),
-            "apt-get install of the agent on {}: {}",
-            host.name(),
-            out.stdout
-        );
+        install_deb(host).await?;
         let config = format!(
             "[cluster]\nnamespace = \"{namespace}\"\nbootstrap_kubeconfig = \"/etc/byoh/bootstrap-kubeconfig\"\n[host]\nlabels = {{ e2e-host = \"{label}\" }}\n[agent]\nlease_duration = \"15s\"\n"
         );
-        host.write_file(
-            "/etc/byoh/agent.toml.d/50-e2e.toml",
-            config.as_bytes(),
-            0o600,
-        )
-        .await?;
-        host.write_file(
-            "/etc/byoh/bootstrap-kubeconfig",
-            bootstrap.as_bytes(),
-            0o600,
-        )
-        .await?;
+        configure(host, &config, &bootstrap).await?;
         host.prepare_kubelet().await?;
         host.run(&["systemctl", "start", "--no-block", "byoh-agent"])
             .await?;

@@ -511,20 +511,9 @@ async fn deb_life(debian: Debian) {
         .unwrap();
 
     // Configure as Ansible would: a drop-in and the bootstrap kubeconfig; validate; start.
-    host.write_file(
-        "/etc/byoh/agent.toml.d/50-cluster.toml",
-        config(ns.name()).as_bytes(),
-        0o600,
-    )
-    .await
-    .unwrap();
-    host.write_file(
-        "/etc/byoh/bootstrap-kubeconfig",
-        bootstrap.as_bytes(),
-        0o600,
-    )
-    .await
-    .unwrap();
+    byoh_tests::pool::configure(&host, &config(ns.name()), &bootstrap)
+        .await
+        .unwrap();
     host.run(&["byoh-agent", "check-config"]).await.unwrap();
     host.run(&["systemctl", "start", "--no-block", "byoh-agent"])
         .await

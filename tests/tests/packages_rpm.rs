@@ -147,24 +147,13 @@ async fn the_rpm_installs_upgrades_and_erases_with_dnf_on_the_dnf_host() {
     );
 
     // Configure (a drop-in, the bootstrap kubeconfig, an edit of the sample), enable --now.
-    host.write_file(
-        "/etc/byoh/agent.toml.d/50-cluster.toml",
-        format!(
-            "[cluster]\nnamespace = \"{}\"\nbootstrap_kubeconfig = \"/etc/byoh/bootstrap-kubeconfig\"\n[agent]\nlease_duration = \"15s\"\n",
-            ns.name()
-        )
-        .as_bytes(),
-        0o600,
-    )
-    .await
-    .unwrap();
-    host.write_file(
-        "/etc/byoh/bootstrap-kubeconfig",
-        bootstrap.as_bytes(),
-        0o600,
-    )
-    .await
-    .unwrap();
+    let config = format!(
+        "[cluster]\nnamespace = \"{}\"\nbootstrap_kubeconfig = \"/etc/byoh/bootstrap-kubeconfig\"\n[agent]\nlease_duration = \"15s\"\n",
+        ns.name()
+    );
+    byoh_tests::pool::configure(&host, &config, &bootstrap)
+        .await
+        .unwrap();
     host.run(&[
         "sh",
         "-c",

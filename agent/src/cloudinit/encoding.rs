@@ -63,26 +63,98 @@ impl Encoding {
     }
 
     /// Decodes `data` (the content's bytes) to at most `limit` bytes; `limit_is` says what the
-    /// limit is in the error (e.g. `the limit per file`). The error message never holds
-    /// content.
+    /// limit is in the error (e.g. `the limit per file`). Gzip is inflated here only to check
+    /// it (CRC-32, length, the limit) and count its bytes, into nothing: [`Decoded`] inflates
+    /// it again while the file is written. The error message never holds content.
     pub(crate) fn decode(
         self,
         data: &[u8],
         limit: usize,
         limit_is: &str,
-    ) -> Result<Vec<u8>, String> {
-        let bytes = match self {
-            Encoding::Plain => data.to_vec(),
-            Encoding::Base64 => base64_decode(data)?,
-            Encoding::Gzip => gunzip(data, limit)?,
-            Encoding::GzipBase64 => gunzip(&base64_decode(data)?, limit)?,
+    ) -> Result<Decoded, String> {
+        let decoded = match self {
+            Encoding::Plain => Decoded::stored(data.to_vec()),
+            Encoding::Base64 => Decoded::stored(base64_decode(data)?),
+            Encoding::Gzip => Decoded::gzip(data.to_vec(), limit)?,
+            Encoding::GzipBase64 => Decoded::gzip(base64_decode(data)?, limit)?,
         };
-        if bytes.len() > limit {
+        if decoded.len > limit {
             return Err(format!(
                 "decoded content is larger than {limit} bytes, {limit_is}"
             ));
         }
-        Ok(bytes)
+        Ok(decoded)
+    }
+}
+
+/// A `write_files` entry's content, checked, streamed when the file is written: what it holds
+/// in memory is at most the entry's size in the document (which is at most 1 MiB), never its
+/// decoded size — a gzip entry of the 64 MiB limit stays compressed until it is written.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Decoded {
+    /// The bytes as they are written, or for gzip the compressed stream.
+    stored: Vec<u8>,
+    /// `stored` is a gzip stream, already checked whole.
+    gzip: bool,
+    /// The decoded size in bytes.
+    len: usize,
+}
+
+impl std::fmt::Debug for Decoded {
+    // Never prints the content.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoded")
+            .field("len", &self.len)
+            .field("gzip", &self.gzip)
+            .finish()
+    }
+}
+
+impl Decoded {
+    fn stored(stored: Vec<u8>) -> Decoded {
+        Decoded {
+            len: stored.len(),
+            stored,
+            gzip: false,
+        }
+    }
+
+    fn gzip(stored: Vec<u8>, limit: usize) -> Result<Decoded, String> {
+        let len = gunzip_len(&stored, limit)?;
+        Ok(Decoded {
+            stored,
+            gzip: true,
+            len,
+        })
+    }
+
+    /// The decoded size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the decoded content is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The decoded content as a stream (gzip inflated as it is read, 32 KiB of window).
+    pub fn reader(&self) -> Box<dyn std::io::Read + Send + '_> {
+        if self.gzip {
+            Box::new(flate2::read::MultiGzDecoder::new(&self.stored[..]))
+        } else {
+            Box::new(&self.stored[..])
+        }
+    }
+
+    /// The decoded content in memory (for small contents and tests).
+    ///
+    /// # Errors
+    /// Never for a checked gzip stream; the I/O error of the decoder otherwise.
+    pub fn bytes(&self) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.len);
+        self.reader().read_to_end(&mut out)?;
+        Ok(out)
     }
 }
 
@@ -100,23 +172,25 @@ pub(crate) fn base64_decode(data: &[u8]) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("content is not valid base64 ({e})"))
 }
 
-fn gunzip(data: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+/// The decoded size of gzip stream `data`, inflated into nothing; at most `limit` + 1 bytes
+/// are inflated (the caller refuses more than `limit`).
+fn gunzip_len(data: &[u8], limit: usize) -> Result<usize, String> {
     if data.len() < 2 || data[..2] != [0x1f, 0x8b] {
         return Err("content is not gzip data (no gzip header)".into());
     }
-    let mut out = Vec::new();
     let limit_u64 = u64::try_from(limit).unwrap_or(u64::MAX);
-    flate2::read::MultiGzDecoder::new(data)
-        .take(limit_u64.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(|e| {
-            let why = match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => "the stream is truncated".to_string(),
-                _ => e.to_string(),
-            };
-            format!("content is not a valid gzip stream: {why}")
-        })?;
-    Ok(out)
+    let n = std::io::copy(
+        &mut flate2::read::MultiGzDecoder::new(data).take(limit_u64.saturating_add(1)),
+        &mut std::io::sink(),
+    )
+    .map_err(|e| {
+        let why = match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => "the stream is truncated".to_string(),
+            _ => e.to_string(),
+        };
+        format!("content is not a valid gzip stream: {why}")
+    })?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 #[cfg(test)]
@@ -148,22 +222,32 @@ mod tests {
         assert_eq!(
             Encoding::GzipBase64
                 .decode(HELLO_GZ_B64.as_bytes(), 100, "the limit")
+                .unwrap()
+                .bytes()
                 .unwrap(),
             b"hello\n"
         );
         assert_eq!(
             Encoding::Base64
                 .decode(b"aGVs\n bG8K\n", 100, "the limit")
+                .unwrap()
+                .bytes()
                 .unwrap(),
             b"hello\n"
         );
         assert_eq!(
-            Encoding::Gzip.decode(&gz, 100, "the limit").unwrap(),
+            Encoding::Gzip
+                .decode(&gz, 100, "the limit")
+                .unwrap()
+                .bytes()
+                .unwrap(),
             b"hello\n"
         );
         assert_eq!(
             Encoding::Plain
                 .decode(b"hello\n", 100, "the limit")
+                .unwrap()
+                .bytes()
                 .unwrap(),
             b"hello\n"
         );
@@ -214,5 +298,20 @@ mod tests {
             10_000
         );
         assert!(Encoding::Plain.decode(&[1; 11], 10, "the limit").is_err());
+    }
+
+    #[test]
+    fn gzip_content_stays_compressed_until_it_is_read() {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let data: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+        enc.write_all(&data).unwrap();
+        let gz = enc.finish().unwrap();
+        let d = Encoding::Gzip.decode(&gz, 4_000_000, "the limit").unwrap();
+        assert_eq!(d.len(), 4_000_000);
+        assert_eq!(d.stored.len(), gz.len(), "held compressed");
+        assert!(gz.len() < 100_000);
+        let mut streamed = Vec::new();
+        d.reader().read_to_end(&mut streamed).unwrap();
+        assert!(streamed == data);
     }
 }

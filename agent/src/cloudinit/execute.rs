@@ -12,7 +12,6 @@
 
 use super::runner::{CommandRunner, Exit};
 use super::validate::{DEFAULT_FILE_MODE, FileWrite, Plan};
-use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -148,7 +147,7 @@ pub fn write_file(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
             .append(true)
             .open(&target)
             .map_err(err("opening for append"))?;
-        file.write_all(&f.content).map_err(err("appending"))?;
+        std::io::copy(&mut f.content.reader(), &mut file).map_err(err("appending"))?;
         file.sync_all().map_err(err("fsync"))?;
         if let Some(mode) = f.mode {
             file.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -158,7 +157,8 @@ pub fn write_file(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
         let mode = f.mode.unwrap_or(DEFAULT_FILE_MODE);
         // Created with the mode already (write_atomic), so the content is never readable by
         // others even for a moment when the mode is restrictive.
-        crate::fsutil::write_atomic(&target, &f.content, mode).map_err(err("writing"))?;
+        crate::fsutil::write_atomic_from(&target, &mut f.content.reader(), mode)
+            .map_err(err("writing"))?;
     }
     if let Some(owner) = &f.owner {
         let mode = std::fs::metadata(&target)

@@ -34,7 +34,7 @@ pub mod users;
 mod validate;
 
 pub use document::{Content, Document, RawCommand, RawWriteFile, parse};
-pub use encoding::Encoding;
+pub use encoding::{Decoded, Encoding};
 pub use execute::{ExecError, ExecReport, execute, run_boot_command, write_file};
 pub use modules::{IGNORABLE_MODULES, is_ignorable_module};
 pub use owner::Owner;

@@ -30,8 +30,8 @@ pub struct FileWrite {
     pub index: usize,
     /// The absolute path as written (on the host; joined to the root when executing).
     pub path: PathBuf,
-    /// The decoded bytes.
-    pub content: Vec<u8>,
+    /// The content, checked; decoded (gzip inflated) as the file is written.
+    pub content: super::Decoded,
     /// The encoding it was decoded from.
     pub encoding: Encoding,
     /// Requested mode; `None` means `DEFAULT_FILE_MODE` for a new or replaced file, and the

@@ -233,6 +233,8 @@ async fn serve(
     if first {
         notify::ready(&available);
         tracing::info!(byoh_phase = phase::AVAILABLE, namespace = %settings.namespace, "registered as ByoHost {}/{name}; ready", settings.namespace);
+        // Start-up's code (TLS bootstrap, registration, the first checks) leaves memory now.
+        crate::footprint::trim_after("start-up");
     } else {
         notify::status(&available);
     }

@@ -78,6 +78,10 @@ pub(super) async fn work_loop(
             Some(host) => match worker.work(&host).await {
                 Ok(action) => {
                     transition_event(&worker, &events, &host, last.as_ref(), &action);
+                    // The claim's install, bootstrap and clean-up code leaves memory with it.
+                    if action == Action::Released && last.as_ref() != Some(&Action::Released) {
+                        crate::footprint::trim_after("the clean-up");
+                    }
                     last = Some(action);
                     failing = false;
                     delay = Duration::from_secs(1);

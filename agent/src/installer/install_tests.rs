@@ -139,15 +139,7 @@ async fn tarball_installs_prepares_the_host_and_uninstall_restores_it_exactly() 
     .unwrap();
     std::fs::write(b.root.join("proc/sys/net/ipv4/ip_forward"), "1\n").unwrap();
     units.calls.lock().unwrap().clear();
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert_eq!(tree(&b.root), before, "uninstall restores the tree exactly");
     assert_eq!(
         std::fs::read_to_string(b.root.join("proc/sys/net/ipv4/ip_forward")).unwrap(),
@@ -173,15 +165,7 @@ async fn tarball_installs_prepares_the_host_and_uninstall_restores_it_exactly() 
     assert_eq!(runner.calls().last().unwrap(), "swapon /dev/sdb2");
 
     // Uninstall again: nothing to do, no error.
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
 }
 
 #[tokio::test]
@@ -217,15 +201,7 @@ async fn wrong_sha256_is_refused_before_anything_is_installed() {
         "{leftovers:?}"
     );
     // Uninstall cleans the verified downloads and the manifest.
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert_eq!(std::fs::read_dir(&b.downloads).unwrap().count(), 0);
     assert!(!b.manifest.exists());
 }
@@ -281,15 +257,7 @@ async fn an_interrupted_install_resumes_and_uninstall_reverts_what_was_recorded(
     );
 
     // Uninstall of the interrupted install restores everything.
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert_eq!(tree(&b.root), before);
 
     // Interrupted again, then resumed: finishes without redoing the recorded steps.
@@ -325,15 +293,7 @@ async fn an_interrupted_install_resumes_and_uninstall_reverts_what_was_recorded(
         install(&other, &os_debian(), &units, &runner, &b.manifest).await,
         Err(InstallError::OtherInstall { .. })
     ));
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert_eq!(tree(&b.root), before);
 }
 
@@ -372,15 +332,7 @@ async fn a_crash_after_the_backup_but_before_the_write_is_reverted_from_the_back
     }
     std::fs::remove_dir(b.root.join("etc/systemd/system/kubelet.service.d")).unwrap();
     std::fs::remove_dir_all(b.root.join("usr/local")).unwrap();
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert_eq!(tree(&b.root), before);
 }
 
@@ -431,15 +383,7 @@ async fn what_was_already_in_place_is_not_recorded_nor_reverted() {
         );
     }
     assert!(runner.calls().is_empty());
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert!(b.root.join("etc/modules-load.d/byoh-k8s.conf").exists());
     assert!(
         b.root
@@ -527,15 +471,7 @@ async fn bundles_are_installed_entry_by_entry_and_unsafe_ones_refused() {
             "{name}: {e}"
         );
         assert_eq!(tree(&b.root), before, "{name}");
-        uninstall(
-            &b.manifest,
-            &b.root,
-            &units,
-            &runner,
-            &crate::proxy::ProxySettings::default(),
-        )
-        .await
-        .unwrap();
+        uninstall_bed(&b, &units, &runner).await.unwrap();
     }
     let mut spec = tarball(&base, &sha(KUBELET));
     let t = spec.tarball.as_mut().unwrap();
@@ -580,14 +516,6 @@ async fn bundles_are_installed_entry_by_entry_and_unsafe_ones_refused() {
     ] {
         assert!(keys.contains(&k.to_string()), "{k} not in {keys:?}");
     }
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert_eq!(tree(&b.root), before);
 }

@@ -165,15 +165,7 @@ async fn apt_packages_command_sequence_and_revert() {
     // What dpkg does when it purges kubernetes-cni: /opt goes (nothing else lists it).
     std::fs::remove_dir(b.root.join("opt")).unwrap();
     let n = runner.calls().len();
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     let calls = runner.calls()[n..].to_vec();
     let cmds: Vec<&str> = calls
         .iter()
@@ -219,15 +211,7 @@ async fn apt_refuses_another_installed_version_before_installing() {
         "a binary key is a .gpg keyring"
     );
     let before_uninstall = runner.calls().len();
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     assert!(
         !runner.calls()[before_uninstall..]
             .iter()
@@ -287,15 +271,7 @@ async fn dnf_packages_command_sequence_and_revert() {
         "rpm does not enable the kubelet: the installer does"
     );
     let n = runner.calls().len();
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &runner,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &runner).await.unwrap();
     // dnf remove skips gpg-pubkey packages without an error: rpm -e removes the key.
     assert_eq!(
         runner.calls()[n..]

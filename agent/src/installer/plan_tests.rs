@@ -35,15 +35,7 @@ async fn preinstalled_checks_versions_and_names_what_it_found() {
     .unwrap();
     assert!(m.changes.is_empty() && m.complete);
     assert_eq!(r.calls(), ["kubeadm version -o short", "kubelet --version"]);
-    uninstall(
-        &b.manifest,
-        &b.root,
-        &units,
-        &r,
-        &crate::proxy::ProxySettings::default(),
-    )
-    .await
-    .unwrap();
+    uninstall_bed(&b, &units, &r).await.unwrap();
     let r = runner("v1.35.1");
     let e = install(
         &request(&b, spec(false)),

@@ -149,6 +149,22 @@ pub(super) struct Bed {
     pub(super) manifest: PathBuf,
 }
 
+/// [`uninstall`] of bed `b`'s manifest and root, without a proxy.
+pub(super) async fn uninstall_bed(
+    b: &Bed,
+    units: &impl crate::systemd::UnitManager,
+    runner: &impl CommandRunner,
+) -> Result<(), InstallError> {
+    uninstall(
+        &b.manifest,
+        &b.root,
+        units,
+        runner,
+        &crate::proxy::ProxySettings::default(),
+    )
+    .await
+}
+
 pub(super) fn bed() -> Bed {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
