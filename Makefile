@@ -5,7 +5,7 @@ CARGO ?= cargo
 CONFIG_DIR := controller/config
 
 .PHONY: e2e demo demo-down
-.PHONY: all build test test-unit test-integration bench lint fmt verify manifests clean packages image lint-packages release check-links
+.PHONY: all build test test-unit test-integration bench bench-scale lint fmt verify manifests clean packages image lint-packages release check-links
 
 all: build
 
@@ -44,6 +44,11 @@ demo-down:
 bench:
 	packaging/build-packages --arch amd64
 	tests/run $(CARGO) bench -p byoh-tests
+
+## bench-scale: only the live-agents load benchmark (issue 19): N simulated agents, each with its
+## own certificate, against the test control plane (N from BYOH_BENCH_AGENTS, default 100,500)
+bench-scale:
+	tests/run $(CARGO) bench -p byoh-tests --bench live_agents
 
 ## lint: rustfmt, clippy and rustdoc (doc links) with warnings as errors
 lint:

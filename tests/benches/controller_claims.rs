@@ -37,16 +37,17 @@
 #![allow(clippy::unwrap_used)] // a benchmark: a panic is the failure report
 
 use byoh_api::ByoHost;
+use byoh_tests::bench::{
+    ControllerChild, histogram_quantile, http_get, percentile, proc_cpu_seconds, proc_status_kib,
+};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::objects::*;
 use futures::{StreamExt, TryStreamExt};
+use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-const ROLE_ENV: &str = "BYOH_BENCH_ROLE";
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -60,8 +61,8 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    if std::env::var(ROLE_ENV).as_deref() == Ok("controller") {
-        rt.block_on(controller_role());
+    if byoh_tests::bench::is_controller_role() {
+        rt.block_on(byoh_tests::bench::controller_role());
         return;
     }
     // `cargo bench` passes `--bench`; any other run (e.g. `cargo test --benches`) only checks
@@ -70,86 +71,6 @@ fn main() {
         return;
     }
     rt.block_on(bench());
-}
-
-/// The controller process: `byoh_controller::run::run` for one namespace until SIGTERM.
-async fn controller_role() {
-    let kubeconfig = control_plane::kubeconfig_path().unwrap();
-    let client = Client::try_from(control_plane::config_from(&kubeconfig).await.unwrap()).unwrap();
-    let settings = byoh_controller::run::Settings {
-        namespace: Some(std::env::var("BYOH_BENCH_NAMESPACE").unwrap()),
-        metrics_address: Some(
-            std::env::var("BYOH_BENCH_METRICS")
-                .unwrap()
-                .parse()
-                .unwrap(),
-        ),
-        leader_elect: true,
-        leader_election_namespace: Some(std::env::var("BYOH_BENCH_NAMESPACE").unwrap()),
-        ..Default::default()
-    };
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
-        term.recv().await;
-    };
-    byoh_controller::run::run(client, settings, shutdown)
-        .await
-        .unwrap();
-}
-
-fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find(|l| l.starts_with(key))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// CPU time (user + system) the process `pid` has used, from `/proc/<pid>/stat` (fields 14
-/// and 15, in clock ticks of 1/100 s on Linux).
-fn proc_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces: the fields after it start after the last ')'.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
-}
-
-/// p-quantile of a histogram given as cumulative `(upper bound, count)` buckets.
-fn histogram_quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
-    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
-    let rank = q * total;
-    let mut prev = (0.0, 0.0);
-    for &(le, c) in buckets {
-        if c >= rank {
-            if le.is_infinite() {
-                return prev.0;
-            }
-            let span = c - prev.1;
-            let frac = if span > 0.0 {
-                (rank - prev.1) / span
-            } else {
-                1.0
-            };
-            return prev.0 + (le - prev.0) * frac;
-        }
-        prev = (le, c);
-    }
-    f64::NAN
 }
 
 /// What one phase of the benchmark measured.
@@ -183,14 +104,6 @@ fn claim_buckets(metrics: &str) -> (Vec<(f64, f64)>, f64) {
     (buckets, conflicts)
 }
 
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
 async fn bench() {
     let Some(client) = control_plane::client().await else {
         return;
@@ -219,24 +132,9 @@ async fn bench() {
     );
 
     // The controller, in its own process.
-    let metrics_addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(ROLE_ENV, "controller")
-        .env("BYOH_BENCH_NAMESPACE", &n)
-        .env("BYOH_BENCH_METRICS", metrics_addr.to_string())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
     let t_ready = Instant::now();
-    eventually("controller /readyz", Duration::from_secs(60), || async {
-        http_get(metrics_addr, "/readyz")
-            .await
-            .filter(|r| r.starts_with("HTTP/1.1 200"))
-    })
-    .await;
+    let controller = ControllerChild::start(&n).await;
+    let (pid, metrics_addr) = (controller.pid, controller.metrics);
     let rss_idle = proc_status_kib(pid, "VmRSS:").unwrap_or(0);
     println!(
         "controller_claims: controller ready (caches filled) in {:.1} s, RSS {:.1} MiB",
@@ -393,10 +291,7 @@ async fn bench() {
     let rss_peak = rss_peak
         .load(std::sync::atomic::Ordering::Relaxed)
         .max(rss_end);
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let _ = child.wait();
+    controller.stop();
 
     let mib = |kib: u64| kib as f64 / 1024.0;
     let mark = |ok: bool| if ok { "" } else { " MISSED" };
