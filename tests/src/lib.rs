@@ -18,7 +18,7 @@
 //! - [`objects`]: CAPI and BYOH objects for controller tests, the controller run in-process.
 //! - [`access`]: the generated components installed; clients as the controller, a host, a
 //!   token, a certificate or an impersonated user.
-//! - [`bench`]: what the benchmarks share (the controller in its own process, `/proc`
+//! - [`mod@bench`]: what the benchmarks share (the controller in its own process, `/proc`
 //!   figures, the API server's metrics, quantiles).
 //! - [`eventually`]: polling until a condition holds, with a time limit.
 //! - [`rpm_repo`]: signed dnf repositories (rpmbuild, rpmsign, createrepo_c) of the same packages.
