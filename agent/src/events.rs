@@ -3,8 +3,10 @@
 //! story of a claim: claimed, bootstrap succeeded or failed, release started, cleaned, host
 //! work failing, preflight checks failing and passing again.
 //!
-//! Events are best effort, as the kubelet's are: they are published in the background, a
-//! failure to publish is logged at debug level and never delays or fails host work. They are
+//! Events are best effort, as the kubelet's are: they are published in the background, in the
+//! order they were emitted (one queue of at most [`QUEUE_LEN`] Events, drained by one task, so
+//! each Event's `eventTime` follows the one before it); a full queue drops the new Event and a
+//! failure to publish is logged at debug level, and neither ever delays or fails host work. They are
 //! emitted on transitions only, and kube's [`Recorder`] folds a repeated event into a series
 //! (`count`), so a flapping host cannot flood the namespace. Notes never hold command output or
 //! bootstrap data: a failure names its condition reason and where the details are (the ByoHost
@@ -14,12 +16,17 @@ use byoh_api::ByoHost;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
 
 /// `reportingController` of the agent's Events.
 pub const REPORTING_CONTROLLER: &str = "byoh-agent";
 
 /// Longest note sent (the Events API allows 1 kB).
 pub const MAX_NOTE_BYTES: usize = 1000;
+
+/// Events waiting to be published, at most; more are dropped (an API server that is down for
+/// a while must not make the agent's memory grow).
+pub const QUEUE_LEN: usize = 32;
 
 /// Reasons of the agent's Events (`kubectl describe byohost` shows them; documented in
 /// docs/troubleshooting.md).
@@ -42,25 +49,36 @@ pub mod event_reasons {
     pub const PREFLIGHT_CHECKS_PASSED: &str = "PreflightChecksPassed";
 }
 
-/// Publishes Events about one ByoHost (cheap to clone).
+/// Publishes Events about one ByoHost, in order (cheap to clone: clones share the queue).
 #[derive(Clone)]
 pub struct HostEvents {
-    recorder: Recorder,
-    regarding: ObjectReference,
+    queue: mpsc::Sender<Event>,
 }
 
 impl HostEvents {
     /// Events about `host` (as read from the API server: its UID is part of the reference),
-    /// published with `client` as reporting instance `instance` (the host name).
+    /// published with `client` as reporting instance `instance` (the host name). Spawns the
+    /// publishing task on the current Tokio runtime; it ends when the last clone is dropped.
     pub fn new(client: kube::Client, host: &ByoHost, instance: &str) -> Self {
         let reporter = Reporter {
             controller: REPORTING_CONTROLLER.into(),
             instance: Some(instance.into()),
         };
-        HostEvents {
-            recorder: Recorder::new(client, reporter),
-            regarding: host.object_ref(&()),
-        }
+        let recorder = Recorder::new(client, reporter);
+        let regarding = host.object_ref(&());
+        let (queue, mut pending) = mpsc::channel::<Event>(QUEUE_LEN);
+        tokio::spawn(async move {
+            while let Some(event) = pending.recv().await {
+                if let Err(e) = recorder.publish(&event, &regarding).await {
+                    tracing::debug!(
+                        reason = event.reason,
+                        "publishing an Event failed: {}",
+                        byoh_api::apierror::line(&e)
+                    );
+                }
+            }
+        });
+        HostEvents { queue }
     }
 
     /// Publishes a `Normal` Event in the background; `related` is the object it also concerns
@@ -103,16 +121,12 @@ impl HostEvents {
             action: action.into(),
             secondary: related,
         };
-        let events = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = events.recorder.publish(&event, &events.regarding).await {
-                tracing::debug!(
-                    reason,
-                    "publishing an Event failed: {}",
-                    byoh_api::apierror::line(&e)
-                );
-            }
-        });
+        if self.queue.try_send(event).is_err() {
+            tracing::debug!(
+                reason,
+                "an Event was dropped: {QUEUE_LEN} are waiting to be published"
+            );
+        }
     }
 }
 

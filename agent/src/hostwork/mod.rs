@@ -408,7 +408,11 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         &self.state
     }
 
-    /// One round: decide from `host` and the state, carry the step out, report.
+    /// One round: decide from `host` and the state, carry the step out, report. Returns where
+    /// the host stands after the round ([`decide`] on the updated state): a round that ran the
+    /// bootstrap returns [`Action::Provisioned`] or [`Action::Failed`] and a finished clean-up
+    /// [`Action::Released`], so the caller's Events follow the status this round wrote rather
+    /// than the next round's.
     ///
     /// # Errors
     /// [`WorkError`] for failures worth a retry (API, files, systemd); failures of the bootstrap
@@ -462,7 +466,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 .await?
             }
         }
-        Ok(action)
+        Ok(decide(&host.spec, &state))
     }
 
     /// Reports phase `Available` with `Ready=True` for `reason` and `message` (a free host, or
