@@ -1,5 +1,7 @@
 //! Atomic file writes: write a temporary file in the target's directory, fsync it, rename it
 //! over the target, fsync the directory. A crash leaves either the old or the new file.
+//! [`write_volatile`] skips the two fsyncs, for a file rewritten every few seconds that only
+//! describes the running process.
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -23,6 +25,29 @@ pub fn write_atomic_from(
     data: &mut dyn std::io::Read,
     mode: u32,
 ) -> std::io::Result<()> {
+    replace(path, data, mode, true)
+}
+
+/// [`write_atomic`] without its two fsyncs: readers never see a partly written file, but a
+/// power loss may leave the previous content, or on some filesystems an empty file. For files
+/// rewritten often that only describe the running process (the runtime status, every Lease
+/// renewal): no disk flush and no blocked wake-up per write, which on an SD card also spares
+/// the flash.
+///
+/// # Errors
+/// As [`write_atomic`], without the fsync step.
+pub fn write_volatile(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
+    replace(path, &mut &data[..], mode, false)
+}
+
+/// Writes a temporary file next to `path` and renames it over `path`; `durable`: fsync the
+/// file before the rename and the directory after it.
+fn replace(
+    path: &Path,
+    data: &mut dyn std::io::Read,
+    mode: u32,
+    durable: bool,
+) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -42,9 +67,14 @@ pub fn write_atomic_from(
         // The umask may have cleared bits of `mode`; set them exactly.
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         std::io::copy(data, &mut f)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -74,16 +104,19 @@ mod tests {
 
     #[test]
     fn replaces_content_and_sets_mode_without_leftovers() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("key.pem");
-        std::fs::write(&p, vec![b'#'; 200]).unwrap();
-        write_atomic(&p, b"short\n", 0o600).unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"short\n");
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
-            0o600
-        );
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        type Write = fn(&Path, &[u8], u32) -> std::io::Result<()>;
+        for write in [write_atomic as Write, write_volatile] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("key.pem");
+            std::fs::write(&p, vec![b'#'; 200]).unwrap();
+            write(&p, b"short\n", 0o600).unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), b"short\n");
+            assert_eq!(
+                std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
+                0o600
+            );
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        }
     }
 
     #[test]

@@ -107,13 +107,14 @@ impl RuntimeStatus {
         }
     }
 
-    /// Writes it atomically (mode 0600). Failures are logged, never fatal: the file only
-    /// serves `status`.
+    /// Writes it atomically (mode 0600) but without fsync ([`fsutil::write_volatile`]): it is
+    /// rewritten at every Lease renewal and describes only the running process, which
+    /// rewrites it at start. Failures are logged, never fatal: the file only serves `status`.
     pub fn save(&self, state_dir: &Path) {
         let path = state_dir.join(RUNTIME_FILE);
         match serde_json::to_vec_pretty(self) {
             Ok(json) => {
-                if let Err(e) = fsutil::write_atomic(&path, &json, 0o600) {
+                if let Err(e) = fsutil::write_volatile(&path, &json, 0o600) {
                     tracing::warn!(path = %path.display(), "writing the runtime status failed: {e}");
                 }
             }

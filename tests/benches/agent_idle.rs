@@ -10,8 +10,10 @@
 //! bench`, which builds the package first (the idle period defaults to 300 s;
 //! `BYOH_BENCH_IDLE_SECS` changes it). Prints one line per figure; asserts nothing timed.
 //!
-//! CPU and wake-ups are sums of `/proc/PID/task/*/schedstat` (time on CPU, times scheduled in)
-//! over the threads alive at each sample; the agent runs one thread, plus short-lived blocking
+//! CPU is the sum of `/proc/PID/task/*/schedstat` (time on CPU) and wake-ups the sum of the
+//! threads' `voluntary_ctxt_switches` (went to sleep, woken again: what the agent causes;
+//! preemptions by other load on the machine are printed apart) over the threads alive at
+//! each sample; the agent runs one thread, plus short-lived blocking
 //! threads (DNS, file work) whose counts vanish with them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is the failure report
@@ -106,13 +108,15 @@ async fn main() {
     if window > 0.0 {
         let cpu = late.cpu_ns.saturating_sub(early.cpu_ns) as f64 / 1e9;
         let wakeups = late.wakeups.saturating_sub(early.wakeups) as f64;
+        let preempted = late.preempted.saturating_sub(early.preempted) as f64;
         println!(
             "agent: idle CPU: {:.2} s per hour ({cpu:.3} s over {window:.0} s)",
             cpu * 3600.0 / window
         );
         println!(
-            "agent: idle wake-ups: {:.1} per minute ({wakeups} over {window:.0} s)",
-            wakeups * 60.0 / window
+            "agent: idle wake-ups: {:.1} per minute ({wakeups} over {window:.0} s; besides, preempted by other load {:.1} per minute)",
+            wakeups * 60.0 / window,
+            preempted * 60.0 / window
         );
     }
     println!(
@@ -213,8 +217,12 @@ struct Sample {
     threads: u64,
     /// Time on CPU of the live threads, nanoseconds.
     cpu_ns: u64,
-    /// Times the live threads were scheduled in.
+    /// Times the live threads went to sleep and were woken (`voluntary_ctxt_switches`):
+    /// the wake-ups the agent causes itself.
     wakeups: u64,
+    /// Times the live threads were preempted (`nonvoluntary_ctxt_switches`): other load on
+    /// the machine, not the agent's doing.
+    preempted: u64,
 }
 
 impl Sample {
@@ -225,7 +233,8 @@ impl Sample {
                 "sh",
                 "-c",
                 "p=$(systemctl show -p MainPID --value byoh-agent); cat /proc/$p/status; \
-                 cat /proc/$p/task/*/schedstat | sed 's/^/schedstat /'",
+                 cat /proc/$p/task/*/schedstat | sed 's/^/schedstat /'; \
+                 grep -h ctxt_switches /proc/$p/task/*/status | sed 's/^/task /'",
             ])
             .await
             .unwrap();
@@ -236,15 +245,25 @@ impl Sample {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
                 .unwrap_or_default()
         };
-        let (mut cpu_ns, mut wakeups) = (0, 0);
+        let mut cpu_ns = 0;
         for l in out.lines().filter_map(|l| l.strip_prefix("schedstat ")) {
-            let v: Vec<u64> = l
+            cpu_ns += l
                 .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            cpu_ns += v.first().copied().unwrap_or_default();
-            wakeups += v.get(2).copied().unwrap_or_default();
+                .next()
+                .and_then(|x| x.parse::<u64>().ok())
+                .unwrap_or_default();
         }
+        let switches = |name: &str| -> u64 {
+            out.lines()
+                .filter_map(|l| l.strip_prefix("task "))
+                .filter_map(|l| l.strip_prefix(name))
+                .filter_map(|v| v.trim().parse::<u64>().ok())
+                .sum()
+        };
+        let (wakeups, preempted) = (
+            switches("voluntary_ctxt_switches:"),
+            switches("nonvoluntary_ctxt_switches:"),
+        );
         Sample {
             at,
             rss_kib: field("VmRSS:"),
@@ -254,6 +273,7 @@ impl Sample {
             threads: field("Threads:"),
             cpu_ns,
             wakeups,
+            preempted,
         }
     }
 }
