@@ -71,11 +71,12 @@ pub fn trim_code() -> Result<Trimmed, String> {
         ((m.address, m.perms, &m.pathname, anonymous), rss(m))
     });
     for ((start, end), own, resident) in clean_code(&exe, chosen) {
-        let mut advice = vec![MmapAdvise::MADV_DONTNEED];
-        if own {
-            advice.insert(0, MmapAdvise::MADV_RANDOM);
-        }
-        for advice in advice {
+        let advice: &[MmapAdvise] = if own {
+            &[MmapAdvise::MADV_RANDOM, MmapAdvise::MADV_DONTNEED]
+        } else {
+            &[MmapAdvise::MADV_DONTNEED]
+        };
+        for &advice in advice {
             advise(start, end - start, advice)
                 .map_err(|e| format!("madvise({advice:?}) on {start:#x}-{end:#x}: {e}"))?;
         }
