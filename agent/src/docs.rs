@@ -90,6 +90,7 @@ fn default_of(key: &str, d: &Settings) -> Option<String> {
     };
     Some(match key {
         "cluster.namespace" => quoted(&d.namespace),
+        "cluster.lease_namespace" => quoted(&d.lease_namespace),
         "cluster.bootstrap_kubeconfig" => quoted(config::DEFAULT_BOOTSTRAP_KUBECONFIG),
         "cluster.kubeconfig" => "unset: TLS bootstrap".into(),
         "cluster.certificate_lifetime" => secs(d.certificate_lifetime),

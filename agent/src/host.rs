@@ -51,7 +51,8 @@ impl HostApiError {
 /// One condition to report: its type, whether it is `True`, its reason and its message.
 pub type ConditionUpdate<'a> = (&'a str, bool, &'a str, &'a str);
 
-/// The ByoHost and Lease `namespace/name` of this host (cheap to clone: the client is shared).
+/// This host's ByoHost `namespace/name` and its liveness Lease `<namespace>.<name>` in the
+/// host-lease namespace (cheap to clone: the client is shared).
 #[derive(Clone)]
 pub struct HostHandle {
     client: kube::Client,
@@ -59,17 +60,20 @@ pub struct HostHandle {
     leases: Api<Lease>,
     namespace: String,
     name: String,
+    lease_name: String,
 }
 
 impl HostHandle {
-    /// The handle of ByoHost and Lease `namespace/name`.
-    pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
+    /// The handle of ByoHost `namespace/name`, whose Lease is in `lease_namespace`
+    /// ([`byoh_api::names::host_lease_name`]).
+    pub fn new(client: kube::Client, namespace: &str, name: &str, lease_namespace: &str) -> Self {
         HostHandle {
             hosts: Api::namespaced(client.clone(), namespace),
-            leases: Api::namespaced(client.clone(), namespace),
+            leases: Api::namespaced(client.clone(), lease_namespace),
             client,
             namespace: namespace.into(),
             name: name.into(),
+            lease_name: byoh_api::names::host_lease_name(namespace, name),
         }
     }
 
@@ -84,7 +88,7 @@ impl HostHandle {
         &self.namespace
     }
 
-    /// The ByoHost's (and Lease's) name.
+    /// The ByoHost's name.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -99,11 +103,17 @@ impl HostHandle {
         action: &'static str,
         kind: &'static str,
     ) -> impl FnOnce(kube::Error) -> HostApiError + '_ {
+        let (namespace, name) = if kind == "Lease" {
+            (self.leases.namespace(), &self.lease_name)
+        } else {
+            (Some(self.namespace.as_str()), &self.name)
+        };
+        let (namespace, name) = (namespace.unwrap_or_default().to_string(), name.clone());
         move |source| HostApiError {
             action,
             kind,
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
+            namespace,
+            name,
             source,
         }
     }
@@ -255,7 +265,11 @@ impl HostHandle {
     /// [`HostApiError`] if the delete fails otherwise (403: no grant, e.g. the ByoHost and with
     /// it the host's Role are gone).
     pub async fn delete_lease(&self) -> Result<bool, HostApiError> {
-        match self.leases.delete(&self.name, &Default::default()).await {
+        match self
+            .leases
+            .delete(&self.lease_name, &Default::default())
+            .await
+        {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
             Err(e) => Err(self.err("deleting", "Lease")(e)),
@@ -290,8 +304,7 @@ impl HostHandle {
         let now = k8s_openapi::jiff::Timestamp::now();
         let lease = Lease {
             metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                namespace: Some(self.namespace.clone()),
+                name: Some(self.lease_name.clone()),
                 labels: Some([(labels::HOST.to_string(), self.name.clone())].into()),
                 ..Default::default()
             },
@@ -308,7 +321,7 @@ impl HostHandle {
         value["kind"] = "Lease".into();
         self.leases
             .patch(
-                &self.name,
+                &self.lease_name,
                 &PatchParams::apply(field_manager).force(),
                 &Patch::Apply(value),
             )

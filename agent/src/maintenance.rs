@@ -67,7 +67,7 @@ pub fn cli(state: MaintenanceState, reason: &str, config: &Path) -> u8 {
         let client = identity::client_from(kubeconfig, &path)
             .await
             .map_err(|e| e.to_string())?;
-        let host = HostHandle::new(client, &settings.namespace, &name);
+        let host = HostHandle::new(client, &settings.namespace, &name, &settings.lease_namespace);
         let (on, why, message) = condition_for(state, reason);
         host.apply_conditions(
             FIELD_MANAGER,

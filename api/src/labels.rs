@@ -107,6 +107,15 @@ pub const RESERVED_NAMESPACES: &[&str] = &[
     "byoh-system",
 ];
 
+/// Namespace: it holds the hosts' Leases (label, value `true`), as `kube-node-lease` holds the
+/// kubelets'. The provider's namespace (`byoh-system` unless clusterctl was given another) carries
+/// it; there the hosts' group may write Leases, and the admission policy confines each host to
+/// its own ([`crate::names::host_lease_name`]). See docs/security.md.
+pub const HOST_LEASES: &str = "byoh.infrastructure.cluster.x-k8s.io/host-leases";
+
+/// Default namespace of the hosts' Leases: the provider's namespace as clusterctl installs it.
+pub const DEFAULT_HOST_LEASE_NAMESPACE: &str = "byoh-system";
+
 /// Name of the ByoHost an object belongs to: on the host's `coordination.k8s.io` Lease (set
 /// by the agent; the controller watches only Leases with this label) and on the per-host Role
 /// and RoleBinding (set by the controller).

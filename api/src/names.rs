@@ -73,9 +73,36 @@ fn is_dns_subdomain(s: &str, max_len: usize) -> bool {
     !s.is_empty() && s.len() <= max_len && s.split('.').all(is_dns_label)
 }
 
+/// Name of the Lease of host `host` in pool `pool`: `<pool>.<host>`, in the host-lease
+/// namespace ([`crate::labels::HOST_LEASES`]). A namespace name has no dot, so the first dot
+/// separates the two, and hosts of the same name in two pools have two Leases.
+pub fn host_lease_name(pool: &str, host: &str) -> String {
+    format!("{pool}.{host}")
+}
+
+/// The pool and host a host Lease's name stands for ([`host_lease_name`]'s inverse); `None` for
+/// a name without a dot or with an empty part.
+pub fn parse_host_lease_name(name: &str) -> Option<(&str, &str)> {
+    name.split_once('.')
+        .filter(|(pool, host)| !pool.is_empty() && !host.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_lease_name_splits_at_the_first_dot() {
+        let name = host_lease_name("pool-a", "node.example.com");
+        assert_eq!(name, "pool-a.node.example.com");
+        assert_eq!(
+            parse_host_lease_name(&name),
+            Some(("pool-a", "node.example.com"))
+        );
+        assert_eq!(parse_host_lease_name("no-dot"), None);
+        assert_eq!(parse_host_lease_name(".host"), None);
+        assert_eq!(parse_host_lease_name("pool."), None);
+    }
 
     #[test]
     fn labels_subdomains_and_host_names() {

@@ -20,9 +20,12 @@
 //!
 //!   Last, the namespace must be a host pool: labelled [`labels::HOST_POOL`]`=true` by an
 //!   administrator and not one of [`labels::RESERVED_NAMESPACES`] (`kube-system`, ...).
-//! - [`LEASE_POLICY`]: a host may create, change or delete only the Lease named like itself,
-//!   labelled [`labels::HOST`]`=<its name>` (so never kube-controller-manager's or another
-//!   component's Lease that happens to have the host's name), and only in a host pool.
+//! - [`LEASE_POLICY`]: a host may create, change or delete only its own Lease, named
+//!   `<pool>.<its name>` ([`byoh_api::names::host_lease_name`]) and labelled
+//!   [`labels::HOST`]`=<its name>` (so never the controller's or another component's Lease that
+//!   happens to have such a name), and only in the host-lease namespace (labelled
+//!   [`labels::HOST_LEASES`]`=true`: the provider's namespace, where a Role grants the hosts'
+//!   group its Lease writes).
 //! - [`TEMPLATE_POLICY`]: `spec` of ByoMachineTemplates and ByoClusterTemplates is immutable on
 //!   UPDATE (CAPI's rule: make a new template and point to it), except requests whose object
 //!   carries the annotation `topology.cluster.x-k8s.io/dry-run` (ClusterClass dry-runs).
@@ -311,8 +314,8 @@ pub fn lease_policy() -> ValidatingAdmissionPolicy {
         host_variables(),
         vec![
             validation(
-                "variables.objectName == variables.hostName",
-                "a host may only create or change the Lease named exactly like itself",
+                "variables.objectName.indexOf('.') > 0 && variables.objectName.substring(variables.objectName.indexOf('.') + 1) == variables.hostName",
+                "a host may only create or change its own Lease, named <pool namespace>.<host name>",
                 "Forbidden",
             ),
             validation(
@@ -337,7 +340,17 @@ pub fn lease_policy() -> ValidatingAdmissionPolicy {
                 ),
                 "Forbidden",
             ),
-            pool_validation("Lease"),
+            validation(
+                &format!(
+                    "namespaceObject != null && {} == 'true'",
+                    label_value("namespaceObject", labels::HOST_LEASES)
+                ),
+                &format!(
+                    "a host may write its Lease only in the host-lease namespace (namespace label {}=true, the provider's namespace)",
+                    labels::HOST_LEASES
+                ),
+                "Forbidden",
+            ),
         ],
     )
 }

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// Never approve host CSRs automatically; they wait for `kubectl certificate approve`.
     #[arg(long)]
     pub manual_csr_approval: bool,
+    /// Namespace of the hosts' Leases: the provider's namespace (the Pod's, `POD_NAMESPACE`),
+    /// where the hosts' group may write its Leases.
+    #[arg(long, env = "POD_NAMESPACE", default_value = byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE)]
+    pub host_lease_namespace: String,
 }
 
 impl RunArgs {

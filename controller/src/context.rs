@@ -55,6 +55,10 @@ pub struct Settings {
     pub identity: Option<String>,
     /// Never approve host CSRs; they wait for `kubectl certificate approve`.
     pub manual_csr_approval: bool,
+    /// Namespace of the hosts' Leases (the provider's namespace, labelled
+    /// [`byoh_api::labels::HOST_LEASES`]); the Lease of host `<ns>/<name>` is
+    /// `<ns>.<name>` there ([`byoh_api::names::host_lease_name`]).
+    pub host_lease_namespace: String,
 }
 
 impl Default for Settings {
@@ -68,6 +72,7 @@ impl Default for Settings {
             leader_election_namespace: None,
             identity: None,
             manual_csr_approval: false,
+            host_lease_namespace: byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE.into(),
         }
     }
 }
@@ -82,7 +87,8 @@ pub struct Context {
     pub settings: Settings,
     /// Cache of every watched ByoHost.
     pub hosts: Store<ByoHost>,
-    /// Cache of every watched Lease (a host's Lease has the host's name and namespace).
+    /// Cache of the hosts' Leases (in [`Settings::host_lease_namespace`]; look one up with
+    /// [`Context::host_lease`]).
     pub leases: Store<Lease>,
     /// Cache of CAPI Clusters (read by the ByoMachine reconciler; confirmed with a read from
     /// the API server before it decides to wait).
@@ -100,6 +106,18 @@ pub struct Context {
     pub leases_ready: CacheReady,
     /// In-process bookkeeping of claims (see [`Claims`]).
     pub claims: Mutex<Claims>,
+}
+
+impl Context {
+    /// The cached Lease of host `namespace/name`, if any.
+    pub fn host_lease(&self, namespace: &str, name: &str) -> Option<Arc<Lease>> {
+        self.leases.get(
+            &kube::runtime::reflector::ObjectRef::new(&byoh_api::names::host_lease_name(
+                namespace, name,
+            ))
+            .within(&self.settings.host_lease_namespace),
+        )
+    }
 }
 
 impl std::fmt::Debug for Context {

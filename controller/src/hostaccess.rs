@@ -7,21 +7,28 @@
 //! - its own `byohosts` (get, list, watch, update, patch, delete) and `byohosts/status` (get,
 //!   update, patch); list/watch work with the field selector `metadata.name=<name>`, which is
 //!   how the agent watches its host;
-//! - its own Lease `<name>` (`coordination.k8s.io`: get, list, watch, update, patch, delete;
-//!   delete for `byoh-agent decommission`, which deletes the Lease, then the ByoHost);
 //! - while claimed: `get` on the bootstrap data Secret named by `spec.claim.bootstrapSecretRef`
 //!   and get/list/watch on the `K8sInstallerConfig` named by `spec.claim.installerRef`; the
 //!   Role is rewritten when the claim changes, so a released host loses them.
 //!
-//! What cannot be restricted by name (`create` of ByoHosts and Leases) comes from the
-//! ClusterRole [`hosts_cluster_role`] for group `byoh:hosts`, and the admission policy
-//! (`crate::admission`) checks that the name is the host's own. Everything a host can do is
-//! therefore confined to its own objects.
+//! What cannot be restricted by name (`create` of ByoHosts) comes from the ClusterRole
+//! [`hosts_cluster_role`] for group `byoh:hosts`, and the admission policy (`crate::admission`)
+//! checks that the name is the host's own.
+//!
+//! A host's Lease (`<ns>.<name>`, [`byoh_api::names::host_lease_name`]) lives in the provider's
+//! namespace, labelled [`byoh_api::labels::HOST_LEASES`], as kubelets' Leases live in
+//! `kube-node-lease`: there the Role [`host_leases_role`], bound to the hosts' group, lets a host
+//! create, update, patch and delete Leases (never read them), and the Lease policy confines it to
+//! its own. That is the request every host makes every third of its Lease duration, and a
+//! namespace with one RoleBinding makes the RBAC authorizer's walk as short for it in a pool of
+//! 5,000 hosts as in one of 50 (the per-host RoleBindings of a pool namespace are walked for
+//! every request there; docs/benchmarks.md, issue 19). Everything a host can do is therefore
+//! confined to its own objects.
 //!
 //! RBAC escalation prevention: the controller may only grant what it holds itself, so its
 //! ClusterRole (see `crate::manifests`) includes these verbs cluster-wide (notably `get` on
-//! Secrets and update/patch/delete on Leases); it is given no `escalate`/`bind`, which would let it grant
-//! anything.
+//! Secrets); it is given no `escalate`/`bind`, which would let it grant anything. The Lease
+//! Role is part of the components, applied by whoever installs them, not by the controller.
 
 use crate::cache::{CacheReady, cache_stream};
 use byoh_api::ByoHost;
@@ -45,6 +52,8 @@ pub const HOST_USER_PREFIX: &str = crate::csr::HOST_USER_PREFIX;
 pub const BOOTSTRAPPERS_GROUP: &str = crate::csr::BOOTSTRAPPERS_GROUP;
 /// Name of the ClusterRole (and its binding) for group `byoh:hosts`.
 pub const HOSTS_CLUSTER_ROLE: &str = "byoh-host";
+/// Name of the Role (and its RoleBinding) for group `byoh:hosts` in the host-lease namespace.
+pub const HOST_LEASES_ROLE: &str = "byoh-host-leases";
 /// Name of the ClusterRole (and its binding) for group `system:bootstrappers:byoh`.
 pub const BOOTSTRAPPERS_CLUSTER_ROLE: &str = "byoh-bootstrapper";
 /// Field manager of the per-host Roles and RoleBindings.
@@ -96,12 +105,6 @@ pub fn host_rules(host: &ByoHost) -> Vec<PolicyRule> {
             &[g],
             &["byohosts/status"],
             &["get", "update", "patch"],
-            &[&name],
-        ),
-        rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "list", "watch", "update", "patch", "delete"],
             &[&name],
         ),
     ];
@@ -187,14 +190,13 @@ fn cluster_meta(name: &str) -> ObjectMeta {
 }
 
 /// ClusterRole for group `byoh:hosts`: what cannot be restricted by name. `create` of ByoHosts
-/// and Leases (the admission policy requires the host's own name), CSRs (create, get, list,
-/// watch: certificate renewal), and Events (create, patch; the agent reports on its ByoHost).
+/// (the admission policy requires the host's own name), CSRs (create, get, list, watch:
+/// certificate renewal), and Events (create, patch; the agent reports on its ByoHost).
 pub fn hosts_cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: cluster_meta(HOSTS_CLUSTER_ROLE),
         rules: Some(vec![
             rule(&[byoh_api::GROUP], &["byohosts"], &["create"], &[]),
-            rule(&["coordination.k8s.io"], &["leases"], &["create"], &[]),
             rule(
                 &["certificates.k8s.io"],
                 &["certificatesigningrequests"],
@@ -209,6 +211,42 @@ pub fn hosts_cluster_role() -> ClusterRole {
             ),
         ]),
         aggregation_rule: None,
+    }
+}
+
+/// Role for group `byoh:hosts` in the host-lease namespace `namespace`: Leases create, update,
+/// patch (the agent's renewal is a server-side apply) and delete (`byoh-agent decommission`);
+/// no get, list or watch. The Lease policy (`crate::admission`) confines each host to the Lease
+/// of its own name, labelled with it, that it created.
+pub fn host_leases_role(namespace: &str) -> Role {
+    Role {
+        metadata: leases_meta(namespace),
+        rules: Some(vec![rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["create", "update", "patch", "delete"],
+            &[],
+        )]),
+    }
+}
+
+/// RoleBinding of [`host_leases_role`] to group `byoh:hosts` in `namespace`.
+pub fn host_leases_role_binding(namespace: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: leases_meta(namespace),
+        role_ref: RoleRef {
+            api_group: RBAC_GROUP.into(),
+            kind: "Role".into(),
+            name: HOST_LEASES_ROLE.into(),
+        },
+        subjects: Some(vec![subject("Group", HOSTS_GROUP)]),
+    }
+}
+
+fn leases_meta(namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        namespace: Some(namespace.into()),
+        ..cluster_meta(HOST_LEASES_ROLE)
     }
 }
 
@@ -554,9 +592,27 @@ mod tests {
     }
 
     #[test]
-    fn a_free_host_gets_only_its_own_host_and_lease() {
+    fn a_free_host_gets_only_its_own_host() {
         let rules = host_rules(&host(None));
-        assert_eq!(rules.len(), 3);
+        assert_eq!(rules.len(), 2);
+        // Its Lease rights come from the host-lease namespace's Role for the group, never a
+        // per-host grant (whose RoleBinding every request in the pool would walk).
+        assert!(
+            rules
+                .iter()
+                .all(|r| !r.resources.as_ref().unwrap().contains(&"leases".into()))
+        );
+        let lease_rules = host_leases_role("byoh-system").rules.unwrap();
+        assert_eq!(
+            lease_rules[0].verbs,
+            ["create", "update", "patch", "delete"]
+        );
+        let lease_binding = host_leases_role_binding("byoh-system");
+        assert_eq!(lease_binding.subjects.unwrap()[0].name, HOSTS_GROUP);
+        assert_eq!(
+            lease_binding.metadata.namespace.as_deref(),
+            Some("byoh-system")
+        );
         for r in &rules {
             assert_eq!(r.resource_names.as_deref(), Some(&["a".to_string()][..]));
             assert!(!r.resources.as_ref().unwrap().contains(&"secrets".into()));

@@ -41,6 +41,7 @@ fn run(args: byoh_controller::cli::RunArgs) -> anyhow::Result<()> {
         leader_election_namespace: args.leader_election_namespace,
         identity: None,
         manual_csr_approval: args.manual_csr_approval,
+        host_lease_namespace: args.host_lease_namespace,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

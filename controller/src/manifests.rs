@@ -279,15 +279,13 @@ pub fn manager_cluster_role() -> ClusterRole {
                 ],
                 &[],
             ),
-            // Leases: leader election (create/update its own), host liveness (read every
-            // host's), and update/patch/delete because host Roles grant them on each host's
-            // Lease (delete: `byoh-agent decommission`).
+            // Leases: leader election (create, update and patch its own) and host liveness
+            // (read every host's). The hosts' own Lease rights come from a Role of the
+            // components, not from the controller, so it needs no delete.
             rule(
                 &["coordination.k8s.io"],
                 &["leases"],
-                &[
-                    "get", "list", "watch", "create", "update", "patch", "delete",
-                ],
+                &["get", "list", "watch", "create", "update", "patch"],
                 &[],
             ),
         ]),
@@ -337,8 +335,13 @@ pub fn manager_binding() -> ClusterRoleBinding {
 
 /// The provider Namespace.
 pub fn namespace() -> Namespace {
+    let mut metadata = cluster_meta(NAMESPACE);
+    metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(byoh_api::labels::HOST_LEASES.into(), "true".into());
     Namespace {
-        metadata: cluster_meta(NAMESPACE),
+        metadata,
         ..Default::default()
     }
 }
@@ -533,6 +536,8 @@ pub fn rbac_files() -> Result<Vec<(String, String)>, ManifestError> {
                     hostaccess::HOSTS_CLUSTER_ROLE,
                     hostaccess::HOSTS_GROUP,
                 ))?,
+                doc(&hostaccess::host_leases_role(NAMESPACE))?,
+                doc(&hostaccess::host_leases_role_binding(NAMESPACE))?,
             ]),
         ),
         (
@@ -579,8 +584,9 @@ fn components_header() -> String {
 /// policies and bindings, and the Deployment, every object labelled
 /// `cluster.x-k8s.io/provider: infrastructure-byoh`.
 ///
-/// Only cluster-scoped RBAC is used: clusterctl moves every namespaced object into the target
-/// namespace, so a Role in `kube-system` would not stay there. clusterctl also treats kinds it
+/// RBAC is cluster-scoped but for the hosts' Lease Role in the provider's own namespace:
+/// clusterctl moves every namespaced object into the target namespace, so a Role in
+/// `kube-system` would not stay there, while this one follows the namespace it belongs to. clusterctl also treats kinds it
 /// does not know (ValidatingAdmissionPolicy and its binding) as namespaced and sets
 /// `metadata.namespace` on them; the API server drops it for cluster-scoped kinds (checked on
 /// the test API server).
@@ -610,6 +616,8 @@ pub fn infrastructure_components() -> Result<String, ManifestError> {
         hostaccess::BOOTSTRAPPERS_CLUSTER_ROLE,
         hostaccess::BOOTSTRAPPERS_GROUP,
     ))?);
+    parts.push(doc(&hostaccess::host_leases_role(NAMESPACE))?);
+    parts.push(doc(&hostaccess::host_leases_role_binding(NAMESPACE))?);
     for p in admission::policies() {
         parts.push(doc(&p)?);
     }

@@ -176,8 +176,8 @@ async fn run_controllers(
         watcher(host_api, watcher::Config::default().any_semantic()),
         "ByoHost",
     );
-    // Only the hosts' Leases (labelled by the agent), not every Lease of the cluster.
-    let lease_api: Api<Lease> = scoped_api(&client, &settings);
+    // Only the hosts' Leases (labelled by the agent, in the host-lease namespace).
+    let lease_api: Api<Lease> = Api::namespaced(client.clone(), &settings.host_lease_namespace);
     let (lease_cache, leases_ready) = cache_stream(
         leases_writer,
         watcher(
@@ -258,6 +258,7 @@ async fn run_controllers(
         crate::csr::CsrOptions {
             manual: ctx.settings.manual_csr_approval,
             instance: Some(identity),
+            host_lease_namespace: ctx.settings.host_lease_namespace.clone(),
         },
     );
     let bootstrap_kubeconfigs = crate::bootstrapkubeconfig::run(

@@ -460,7 +460,11 @@ async fn stored_bytes(admin: &Client, namespace: &str, host: &str) -> usize {
         host,
     )
     .await
-        + json_size(Api::<Lease>::namespaced(admin.clone(), namespace), host).await
+        + json_size(
+            byoh_tests::objects::host_leases(admin),
+            &byoh_tests::objects::host_lease_name(namespace, host),
+        )
+        .await
         + json_size(Api::<Role>::namespaced(admin.clone(), namespace), &role).await
         + json_size(
             Api::<RoleBinding>::namespaced(admin.clone(), namespace),

@@ -82,8 +82,9 @@ pub async fn create_bootstrap_token(
 }
 
 /// Grants what hosts need until the controller maintains per-host RBAC: bootstrappers and hosts
-/// may create/read CSRs (cluster-wide, idempotent); hosts may manage ByoHosts and Leases, write
-/// Events and read Secrets and K8sInstallerConfigs in `namespace`.
+/// may create/read CSRs (cluster-wide, idempotent); hosts may manage ByoHosts, write Events and
+/// read Secrets and K8sInstallerConfigs in `namespace`, and write Leases in the host-lease
+/// namespace ([`grant_host_leases`]).
 ///
 /// Errors when an RBAC object cannot be applied.
 pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::Result<()> {
@@ -154,11 +155,6 @@ pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::
                 &["byohosts/status"],
                 &["get", "patch", "update"],
             ),
-            rule(
-                &["coordination.k8s.io"],
-                &["leases"],
-                &["get", "create", "patch", "update"],
-            ),
             // Events about its ByoHost, as the controller's per-host Role grants.
             rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
             // Bootstrap data and installer configs (the controller narrows these per host).
@@ -190,6 +186,46 @@ pub async fn grant_host_rbac(client: &kube::Client, namespace: &str) -> anyhow::
     v["kind"] = "RoleBinding".into();
     Api::<RoleBinding>::namespaced(client.clone(), namespace)
         .patch("byoh-test-host", &pp, &Patch::Apply(v))
+        .await?;
+    grant_host_leases(client).await
+}
+
+/// The host-lease namespace with its Role and RoleBinding for the hosts' group, exactly as the
+/// components install them (idempotent; the same objects `install_components` applies).
+///
+/// Errors when an object cannot be applied.
+pub async fn grant_host_leases(client: &kube::Client) -> anyhow::Result<()> {
+    use byoh_controller::{hostaccess, manifests};
+    let pp = PatchParams::apply("byoh-tests").force();
+    let apply = |mut v: serde_json::Value, api_version: &str, kind: &str| {
+        v["apiVersion"] = api_version.into();
+        v["kind"] = kind.into();
+        v
+    };
+    let ns = apply(
+        serde_json::to_value(manifests::namespace())?,
+        "v1",
+        "Namespace",
+    );
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(manifests::NAMESPACE, &pp, &Patch::Apply(ns))
+        .await?;
+    let rbac = "rbac.authorization.k8s.io/v1";
+    let role = apply(
+        serde_json::to_value(hostaccess::host_leases_role(manifests::NAMESPACE))?,
+        rbac,
+        "Role",
+    );
+    Api::<Role>::namespaced(client.clone(), manifests::NAMESPACE)
+        .patch(hostaccess::HOST_LEASES_ROLE, &pp, &Patch::Apply(role))
+        .await?;
+    let binding = apply(
+        serde_json::to_value(hostaccess::host_leases_role_binding(manifests::NAMESPACE))?,
+        rbac,
+        "RoleBinding",
+    );
+    Api::<RoleBinding>::namespaced(client.clone(), manifests::NAMESPACE)
+        .patch(hostaccess::HOST_LEASES_ROLE, &pp, &Patch::Apply(binding))
         .await?;
     Ok(())
 }

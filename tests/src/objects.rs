@@ -391,13 +391,35 @@ pub async fn create_host(client: &Client, ns: &str, name: &str, opts: &HostOpts)
     host
 }
 
+/// The hosts' Leases: the host-lease namespace as the components install it (`byoh-system`).
+pub fn host_leases(client: &Client) -> Api<Lease> {
+    Api::namespaced(
+        client.clone(),
+        byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE,
+    )
+}
+
+/// Makes the host-lease namespace and its Role for the hosts' group as the components do, once
+/// per test process.
+pub async fn grant_lease_namespace(client: &Client) {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_init(|| async { crate::agent::grant_host_leases(client).await.unwrap() })
+        .await;
+}
+
+/// Name of the Lease of host `ns/name` (`<ns>.<name>`).
+pub fn host_lease_name(ns: &str, name: &str) -> String {
+    byoh_api::names::host_lease_name(ns, name)
+}
+
 /// Creates or updates the host's Lease as the agent does (labelled with the host name):
 /// renewed `age_secs` ago, `duration_secs` long.
 pub async fn set_lease(client: &Client, ns: &str, name: &str, age_secs: i64, duration_secs: i32) {
+    grant_lease_namespace(client).await;
+    let lease_name = host_lease_name(ns, name);
     let lease = Lease {
         metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
+            name: Some(lease_name.clone()),
             labels: Some([(byoh_api::labels::HOST.to_string(), name.to_string())].into()),
             ..Default::default()
         },
@@ -411,9 +433,9 @@ pub async fn set_lease(client: &Client, ns: &str, name: &str, age_secs: i64, dur
     let mut v = serde_json::to_value(&lease).unwrap();
     v["apiVersion"] = "coordination.k8s.io/v1".into();
     v["kind"] = "Lease".into();
-    Api::<Lease>::namespaced(client.clone(), ns)
+    host_leases(client)
         .patch(
-            name,
+            &lease_name,
             &PatchParams::apply("byoh-agent").force(),
             &Patch::Apply(v),
         )

@@ -68,7 +68,7 @@ async fn a_clone_of_a_registered_host_refuses_to_act_and_the_original_keeps_work
         .unwrap();
     let admin = control_plane::kubeconfig_path().unwrap();
     let hosts_api: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let leases: Api<Lease> = byoh_tests::objects::host_leases(&client);
 
     let (original, clone) = {
         let mut booted = Host::boot_many(&["clone-orig", "clone-copy"])
@@ -223,12 +223,13 @@ async fn a_clone_of_a_registered_host_refuses_to_act_and_the_original_keeps_work
 
     // The original keeps working: its Lease is renewed after the clone gave up, its agent is
     // active, and its ByoHost still carries its own identity and conditions.
-    let last = renew_time(&leases, &name).await.unwrap();
+    let lease_name = byoh_tests::objects::host_lease_name(ns.name(), &name);
+    let last = renew_time(&leases, &lease_name).await.unwrap();
     wait_for(
         "a Lease renewal by the original",
         Duration::from_secs(20),
         || {
-            let (leases, name, last) = (leases.clone(), name.clone(), last.clone());
+            let (leases, name, last) = (leases.clone(), lease_name.clone(), last.clone());
             async move { Ok(renew_time(&leases, &name).await.filter(|t| *t != last)) }
         },
     )

@@ -196,16 +196,17 @@ async fn registers_and_keeps_its_identity(debian: Debian) {
     );
 
     // The Lease is renewed (every 5 s for a 15 s lease).
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let leases: Api<Lease> = byoh_tests::objects::host_leases(&client);
+    let lease_name = byoh_tests::objects::host_lease_name(ns.name(), &name);
     let first = wait_for("the Lease", Duration::from_secs(20), || async {
-        Ok(renew_time(&leases, &name).await)
+        Ok(renew_time(&leases, &lease_name).await)
     })
     .await
     .unwrap();
     let first_clone = first.clone();
     wait_for("a Lease renewal", Duration::from_secs(20), || {
         let leases = leases.clone();
-        let name = name.clone();
+        let name = lease_name.clone();
         let first = first_clone.clone();
         async move { Ok(renew_time(&leases, &name).await.filter(|t| *t != first)) }
     })
@@ -407,9 +408,10 @@ async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
     agent::approve_host_csr(&client, &name, Duration::from_secs(30))
         .await
         .unwrap();
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let leases: Api<Lease> = byoh_tests::objects::host_leases(&client);
+    let lease_name = byoh_tests::objects::host_lease_name(ns.name(), &name);
     wait_for("the Lease", Duration::from_secs(30), || async {
-        Ok(renew_time(&leases, &name).await)
+        Ok(renew_time(&leases, &lease_name).await)
     })
     .await
     .unwrap();
@@ -420,13 +422,14 @@ async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
 
     // The agent renews the Lease again without a restart of its own.
     let client = cp.client().await.unwrap();
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let leases: Api<Lease> = byoh_tests::objects::host_leases(&client);
+    let lease_name = byoh_tests::objects::host_lease_name(ns.name(), &name);
     wait_for(
         "a Lease renewal after the outage",
         Duration::from_secs(40),
         || {
             let leases = leases.clone();
-            let name = name.clone();
+            let name = lease_name.clone();
             async move {
                 let lease = leases.get_opt(&name).await.ok().flatten();
                 Ok(lease

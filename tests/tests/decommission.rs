@@ -13,7 +13,6 @@ use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::controller::ControllerProcess;
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::pool;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::{Client, ResourceExt as _};
@@ -110,8 +109,15 @@ async fn assert_decommissioned(bed: &Bed) {
         bed.hosts.get_opt(name).await.unwrap().is_none(),
         "ByoHost left"
     );
-    let leases: Api<Lease> = Api::namespaced(bed.admin.clone(), ns);
-    assert!(leases.get_opt(name).await.unwrap().is_none(), "Lease left");
+    let leases = byoh_tests::objects::host_leases(&bed.admin);
+    assert!(
+        leases
+            .get_opt(&byoh_tests::objects::host_lease_name(ns, name))
+            .await
+            .unwrap()
+            .is_none(),
+        "Lease left"
+    );
     let role = format!("byoh-host-{name}");
     let roles: Api<Role> = Api::namespaced(bed.admin.clone(), ns);
     let bindings: Api<RoleBinding> = Api::namespaced(bed.admin.clone(), ns);
@@ -204,8 +210,11 @@ async fn a_free_host_decommissions_and_a_claimed_one_refuses() {
     );
     forbidden(
         "another host deletes the Lease",
-        Api::<Lease>::namespaced(other.clone(), &ns)
-            .delete(&name, &DeleteParams::default())
+        byoh_tests::objects::host_leases(&other)
+            .delete(
+                &byoh_tests::objects::host_lease_name(&ns, &name),
+                &DeleteParams::default(),
+            )
             .await,
     );
 

@@ -396,7 +396,7 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
         .await
         .unwrap();
     let lease: Lease = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": live },
+        "metadata": { "name": byoh_tests::objects::host_lease_name(ns.name(), &live) },
         "spec": {
             "holderIdentity": live,
             "leaseDurationSeconds": 3600,
@@ -406,7 +406,8 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
         }
     }))
     .unwrap();
-    Api::<Lease>::namespaced(admin.clone(), ns.name())
+    byoh_tests::objects::grant_lease_namespace(&admin).await;
+    byoh_tests::objects::host_leases(&admin)
         .create(&PostParams::default(), &lease)
         .await
         .unwrap();
@@ -509,6 +510,7 @@ async fn manual_approval_leaves_valid_csrs_pending(admin: &Client) {
         CsrOptions {
             manual: true,
             instance: Some("manual-test".into()),
+            ..CsrOptions::default()
         },
     ));
     let token = agent::create_bootstrap_token(admin, Duration::from_secs(3600))

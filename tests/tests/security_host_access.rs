@@ -18,6 +18,7 @@ use byoh_api::common::LocalObjectReference;
 use byoh_controller::hostaccess::{self, HostAccessOptions};
 use byoh_tests::access::*;
 use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::objects::{host_lease_name, host_leases};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -50,10 +51,14 @@ fn secret(name: &str) -> Secret {
     }
 }
 
-/// Host `name`'s Lease as the agent writes it (labelled with the host's name).
-fn lease(name: &str) -> Lease {
+/// Host `pool/name`'s Lease as the agent writes it (`<pool>.<name>` in the host-lease namespace,
+/// labelled with the host's name).
+fn lease(pool: &str, name: &str) -> Lease {
     serde_json::from_value(json!({
-        "metadata": { "name": name, "labels": { byoh_api::labels::HOST: name } },
+        "metadata": {
+            "name": host_lease_name(pool, name),
+            "labels": { byoh_api::labels::HOST: name }
+        },
         "spec": { "holderIdentity": name, "leaseDurationSeconds": 40 }
     }))
     .unwrap()
@@ -142,11 +147,15 @@ async fn a_host_reaches_only_its_own_objects() {
         )
         .await
         .unwrap();
-    let leases: Api<Lease> = Api::namespaced(a.clone(), ns.name());
-    leases.create(&pp, &lease("a")).await.unwrap();
+    let leases: Api<Lease> = host_leases(&a);
+    let (lease_a, lease_b) = (
+        host_lease_name(ns.name(), "a"),
+        host_lease_name(ns.name(), "b"),
+    );
+    leases.create(&pp, &lease(ns.name(), "a")).await.unwrap();
     leases
         .patch(
-            "a",
+            &lease_a,
             &PatchParams::default(),
             &Patch::Merge(json!({ "spec": { "renewTime": "2030-01-01T00:00:00.000000Z" } })),
         )
@@ -203,13 +212,46 @@ async fn a_host_reaches_only_its_own_objects() {
             hosts.delete("b", &DeleteParams::default()).await,
         ),
     );
-    forbidden(
-        "delete b's Lease",
-        refused(
-            "delete lease b",
-            leases.delete("b", &DeleteParams::default()).await,
-        ),
-    );
+    // b's Lease (made as b's agent would) is refused to a by the Lease policy.
+    let admin_leases = host_leases(&admin);
+    admin_leases
+        .create(&pp, &lease(ns.name(), "b"))
+        .await
+        .unwrap();
+    let delete_b = eventually(
+        "deleting b's Lease refused by the Lease policy",
+        Duration::from_secs(30),
+        || async {
+            match leases.delete(&lease_b, &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) => Some(*s),
+                Ok(_) => {
+                    admin_leases
+                        .create(&pp, &lease(ns.name(), "b"))
+                        .await
+                        .unwrap();
+                    None
+                }
+                Err(e) => panic!("delete lease b: {e}"),
+            }
+        },
+    )
+    .await;
+    forbidden("delete b's Lease", delete_b);
+    for what in ["read", "list"] {
+        let s = refused(
+            what,
+            if what == "read" {
+                leases.get(&lease_b).await.map(|_| ())
+            } else {
+                leases.list(&ListParams::default()).await.map(|_| ())
+            },
+        );
+        forbidden(&format!("{what} b's Lease"), s);
+    }
+    admin_leases
+        .delete(&lease_b, &DeleteParams::default())
+        .await
+        .unwrap();
 
     // Refused by the admission policy: its own claim, controller labels, other names,
     // deleting while claimed, another host's Lease.
@@ -318,15 +360,16 @@ async fn a_host_reaches_only_its_own_objects() {
         "while it is claimed",
     );
     // The Lease policy is a policy of its own, enforced shortly after it was created too.
-    let admin_leases: Api<Lease> = Api::namespaced(admin.clone(), ns.name());
     let lease_refusal = eventually(
         "the Lease policy to be enforced",
         Duration::from_secs(30),
         || async {
-            match leases.create(&pp, &lease("b")).await {
+            match leases.create(&pp, &lease(ns.name(), "b")).await {
                 Err(kube::Error::Api(s)) => Some(*s),
                 Ok(_) => {
-                    let _ = admin_leases.delete("b", &DeleteParams::default()).await;
+                    let _ = admin_leases
+                        .delete(&lease_b, &DeleteParams::default())
+                        .await;
                     None
                 }
                 Err(e) => panic!("create lease b: {e}"),
@@ -337,7 +380,7 @@ async fn a_host_reaches_only_its_own_objects() {
     denied(
         "create host b's Lease",
         lease_refusal,
-        "Lease named exactly like itself",
+        "only create or change its own Lease",
     );
 
     // When the claim goes, so does the access to the bootstrap Secret; then the host may
@@ -360,7 +403,10 @@ async fn a_host_reaches_only_its_own_objects() {
     )
     .await;
     // As `byoh-agent decommission` does: its own Lease, then its own (free) ByoHost.
-    leases.delete("a", &DeleteParams::default()).await.unwrap();
+    leases
+        .delete(&lease_a, &DeleteParams::default())
+        .await
+        .unwrap();
     hosts.delete("a", &DeleteParams::default()).await.unwrap();
 
     reconciler.abort();
@@ -770,7 +816,7 @@ async fn host_roles_are_written_only_when_they_differ_and_restored_when_changed(
         Duration::from_secs(30),
         || async {
             let r = roles.get("byoh-host-a").await.ok()?;
-            (r.rules.unwrap_or_default().len() == 3).then_some(())
+            (r.rules.unwrap_or_default().len() == 2).then_some(())
         },
     )
     .await;
@@ -916,23 +962,26 @@ async fn a_host_name_is_no_authority_outside_host_pools() {
     );
     assert_eq!(status.code, 403, "{status:?}");
 
-    // In its pool, a Lease of its name that another component made is out of its reach, and a
-    // Lease it creates must say whose it is.
-    let admin_leases: Api<Lease> = Api::namespaced(admin.clone(), pool.name());
+    // In the host-lease namespace, a Lease of its name that another component made is out of
+    // its reach, as is any other Lease there (the controller's own), and a Lease it creates must
+    // say whose it is.
+    let own = host_lease_name(pool.name(), NAME);
+    let admin_leases = host_leases(&admin);
+    let _ = admin_leases.delete(&own, &DeleteParams::default()).await;
     let foreign: Lease = serde_json::from_value(json!({
-        "metadata": { "name": NAME },
+        "metadata": { "name": own },
         "spec": { "holderIdentity": "someone-else", "leaseDurationSeconds": 15 }
     }))
     .unwrap();
     admin_leases.create(&pp, &foreign).await.unwrap();
-    let leases: Api<Lease> = Api::namespaced(host.clone(), pool.name());
+    let leases = host_leases(&host);
     let message = eventually(
         "patching a foreign Lease refused",
         Duration::from_secs(30),
         || async {
             match leases
                 .patch(
-                    NAME,
+                    &own,
                     &PatchParams::default(),
                     // Even labelling it as its own (adopting it) is refused.
                     &Patch::Merge(json!({
@@ -955,7 +1004,7 @@ async fn a_host_name_is_no_authority_outside_host_pools() {
     assert!(message.contains("only a Lease it created"), "{message}");
     assert_eq!(
         admin_leases
-            .get(NAME)
+            .get(&own)
             .await
             .unwrap()
             .spec
@@ -964,12 +1013,53 @@ async fn a_host_name_is_no_authority_outside_host_pools() {
             .as_deref(),
         Some("someone-else")
     );
+    // The controller's Lease beside the hosts' (a stand-in of the leader Lease, which names no
+    // host): neither changed nor deleted by a host.
+    let component: Lease = serde_json::from_value(json!({
+        "metadata": { "name": "byoh-test-component" },
+        "spec": { "holderIdentity": "byoh-controller", "leaseDurationSeconds": 15 }
+    }))
+    .unwrap();
+    let _ = admin_leases
+        .delete("byoh-test-component", &DeleteParams::default())
+        .await;
+    admin_leases.create(&pp, &component).await.unwrap();
+    let status = refused(
+        "patch the controller's Lease",
+        leases
+            .patch(
+                "byoh-test-component",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "holderIdentity": NAME } })),
+            )
+            .await,
+    );
+    assert_eq!(status.code, 403, "{status:?}");
+    let status = refused(
+        "delete the controller's Lease",
+        leases
+            .delete("byoh-test-component", &DeleteParams::default())
+            .await,
+    );
+    assert_eq!(status.code, 403, "{status:?}");
     admin_leases
-        .delete(NAME, &DeleteParams::default())
+        .delete("byoh-test-component", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Nor may it write its Lease in its pool, where the Leases are other components' business.
+    let status = refused(
+        "create its Lease in the pool",
+        Api::<Lease>::namespaced(host.clone(), pool.name())
+            .create(&pp, &lease(pool.name(), NAME))
+            .await,
+    );
+    assert_eq!(status.code, 403, "{status:?}");
+    admin_leases
+        .delete(&own, &DeleteParams::default())
         .await
         .unwrap();
     let unlabelled: Lease = serde_json::from_value(json!({
-        "metadata": { "name": NAME },
+        "metadata": { "name": own },
         "spec": { "holderIdentity": NAME, "leaseDurationSeconds": 15 }
     }))
     .unwrap();
@@ -981,7 +1071,11 @@ async fn a_host_name_is_no_authority_outside_host_pools() {
         status.message.contains("must carry the label"),
         "{status:?}"
     );
-    leases.create(&pp, &lease(NAME)).await.unwrap();
+    leases.create(&pp, &lease(pool.name(), NAME)).await.unwrap();
+    admin_leases
+        .delete(&own, &DeleteParams::default())
+        .await
+        .unwrap();
 
     reconciler.abort();
     system_hosts

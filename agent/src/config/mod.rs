@@ -110,6 +110,7 @@ pub struct Sourced<T> {
 #[derive(Debug, Default)]
 pub struct Merged {
     namespace: Option<Sourced<String>>,
+    lease_namespace: Option<Sourced<String>>,
     bootstrap_kubeconfig: Option<Sourced<String>>,
     kubeconfig: Option<Sourced<String>>,
     certificate_lifetime: Option<Sourced<String>>,
@@ -191,6 +192,9 @@ pub enum Credentials {
 pub struct Settings {
     /// Namespace of this host's ByoHost (an RFC 1123 label).
     pub namespace: String,
+    /// Namespace of the hosts' Leases (an RFC 1123 label; default
+    /// [`byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE`]).
+    pub lease_namespace: String,
     /// How to authenticate.
     pub credentials: Credentials,
     /// Requested client certificate lifetime.
@@ -365,6 +369,7 @@ impl Merged {
         set!(
             raw.cluster,
             namespace,
+            lease_namespace,
             bootstrap_kubeconfig,
             kubeconfig,
             certificate_lifetime
@@ -419,6 +424,15 @@ impl Merged {
                 v.value
             }
             None => DEFAULT_NAMESPACE.into(),
+        };
+        let lease_namespace = match self.lease_namespace {
+            Some(v) => {
+                if let Err(m) = check_dns_label(&v.value) {
+                    bad(&v.origin, "cluster.lease_namespace", m);
+                }
+                v.value
+            }
+            None => byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE.into(),
         };
 
         let mut abs_path = |v: &Sourced<String>, key: &str| -> PathBuf {
@@ -621,6 +635,7 @@ impl Merged {
         }
         Ok(Settings {
             namespace,
+            lease_namespace,
             credentials,
             certificate_lifetime,
             host_name,

@@ -30,6 +30,10 @@ pub struct RawCluster {
     /// Namespace of this host's ByoHost.
     #[schemars(with = "Option<String>")]
     pub namespace: Option<Spanned<String>>,
+    /// Namespace of the hosts' Leases: the provider's namespace (default `byoh-system`; set it
+    /// when clusterctl installed BYOH into another).
+    #[schemars(with = "Option<String>")]
+    pub lease_namespace: Option<Spanned<String>>,
     /// Bootstrap kubeconfig (from a BootstrapKubeconfig), used to obtain the host's own client
     /// certificate, which is then kept in `<state_dir>/kubeconfig`.
     #[schemars(with = "Option<String>")]

@@ -23,6 +23,7 @@ fn load_text(text: &str) -> Result<Settings, ConfigError> {
 fn empty_file_gives_the_documented_defaults() {
     let s = load_text("").unwrap();
     assert_eq!(s.namespace, "default");
+    assert_eq!(s.lease_namespace, "byoh-system");
     assert_eq!(
         s.credentials,
         Credentials::Bootstrap("/etc/byoh/bootstrap-kubeconfig".into())
@@ -112,6 +113,7 @@ fn full_config_is_typed() {
         r#"
 [cluster]
 namespace = "pool-a"
+lease_namespace = "capi-byoh"
 kubeconfig = "/etc/byoh/kubeconfig"
 certificate_lifetime = "48h"
 [host]
@@ -127,6 +129,7 @@ metrics_address = "127.0.0.1:9101"
     )
     .unwrap();
     assert_eq!(s.namespace, "pool-a");
+    assert_eq!(s.lease_namespace, "capi-byoh");
     assert_eq!(s.certificate_lifetime, Duration::from_secs(48 * 3600));
     assert_eq!(s.host_name.as_deref(), Some("worker-01"));
     assert_eq!(s.labels.len(), 2);

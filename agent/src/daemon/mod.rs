@@ -190,7 +190,12 @@ async fn serve(
     services: &Services,
 ) -> Result<Exit, AgentError> {
     let (systemd, metrics, runtime) = (&services.systemd, &services.metrics, &services.runtime);
-    let host = HostHandle::new(client.clone(), &settings.namespace, name);
+    let host = HostHandle::new(
+        client.clone(),
+        &settings.namespace,
+        name,
+        &settings.lease_namespace,
+    );
     notify::status("Running the preflight checks");
     let checks = doctor::run_checks(settings, Path::new("/"), Some(&client), Some(systemd)).await;
     // Per round: a renewed certificate has a new key, which the recorded identity follows.

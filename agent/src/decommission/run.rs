@@ -207,7 +207,12 @@ async fn connect(settings: &Settings, t: &Target) -> Result<Option<HostHandle>, 
     let client = identity::client_from(kubeconfig, &path)
         .await
         .map_err(fail)?;
-    Ok(Some(HostHandle::new(client, &t.namespace, &t.name)))
+    Ok(Some(HostHandle::new(
+        client,
+        &t.namespace,
+        &t.name,
+        &settings.lease_namespace,
+    )))
 }
 
 /// The ByoHost as the host may read it; `None` when it is gone (404) or no longer readable

@@ -10,7 +10,6 @@ use byoh_api::byohost::HostClaim;
 use byoh_api::{ByoHost, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -76,13 +75,12 @@ pub(super) async fn claim_host(
                 exclude.extend(tried.iter().cloned());
                 exclude
             };
-            let leases = &ctx.leases;
             let selection = selection::select(
                 &hosts,
                 |h: &ByoHost| {
-                    leases.get(
-                        &ObjectRef::new(h.metadata.name.as_deref().unwrap_or_default())
-                            .within(h.metadata.namespace.as_deref().unwrap_or_default()),
+                    ctx.host_lease(
+                        h.metadata.namespace.as_deref().unwrap_or_default(),
+                        h.metadata.name.as_deref().unwrap_or_default(),
                     )
                 },
                 &exclude,
@@ -158,10 +156,7 @@ async fn try_claim(
             else {
                 return Ok(Attempt::Lost);
             };
-            let lease = ctx
-                .leases
-                .get(&ObjectRef::new(&name).within(req.namespace))
-                .map(|l| (*l).clone());
+            let lease = ctx.host_lease(req.namespace, &name).map(|l| (*l).clone());
             if selection::eligibility(&fresh, lease.as_ref(), req, now()).is_err() {
                 return Ok(Attempt::Lost);
             }

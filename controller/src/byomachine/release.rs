@@ -12,7 +12,6 @@ use byoh_api::{ByoHost, ByoMachine, ByoMachineStatus, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use std::time::Duration;
 
@@ -124,7 +123,7 @@ pub(super) async fn release(
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
     }
-    let lease = ctx.leases.get(&ObjectRef::new(&host_name).within(&n.ns));
+    let lease = ctx.host_lease(&n.ns, &host_name);
     let lease_expiry = lease.as_deref().and_then(selection::lease_expiry);
     let requested_at: Option<Timestamp> = host
         .annotations()

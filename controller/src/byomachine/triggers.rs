@@ -93,10 +93,13 @@ pub fn controller(
             )
         }))
         .reconcile_on(triggers.leases.flat_map(move |lease| {
-            let ns = lease.namespace();
-            let host = lease_ctx
-                .hosts
-                .get(&ObjectRef::new(&lease.name_any()).within(ns.as_deref().unwrap_or_default()));
+            // A host's Lease is `<pool>.<host>` in the host-lease namespace.
+            let name = lease.name_any();
+            let Some((pool, host_name)) = byoh_api::names::parse_host_lease_name(&name) else {
+                return each(Vec::new());
+            };
+            let ns = Some(pool.to_string());
+            let host = lease_ctx.hosts.get(&ObjectRef::new(host_name).within(pool));
             let Some(host) = host else {
                 return each(Vec::new());
             };

@@ -98,6 +98,7 @@ pub fn verdict(host: &str, requester: &Requester, hosts: &[RegisteredHost], csr:
 pub async fn registered(
     client: &kube::Client,
     host: &str,
+    lease_namespace: &str,
 ) -> Result<Vec<RegisteredHost>, kube::Error> {
     let hosts = Api::<ByoHost>::all(client.clone())
         .list_metadata(&ListParams::default().fields(&format!("metadata.name={host}")))
@@ -108,8 +109,8 @@ pub async fn registered(
         let Some(namespace) = h.metadata.namespace else {
             continue;
         };
-        let lease = Api::<Lease>::namespaced(client.clone(), &namespace)
-            .get_opt(host)
+        let lease = Api::<Lease>::namespaced(client.clone(), lease_namespace)
+            .get_opt(&byoh_api::names::host_lease_name(&namespace, host))
             .await?;
         let annotations = h.metadata.annotations.unwrap_or_default();
         out.push(RegisteredHost {

@@ -86,14 +86,27 @@ mod request;
 pub use decide::{Decision, Requester, decide};
 pub use request::PEM_LABEL;
 
-/// Options of the CSR approver.
-#[derive(Clone, Debug, Default)]
+/// Options of the CSR approver (default: automatic approval, the controller's name as reporting
+/// instance, Leases in [`byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE`]).
+#[derive(Clone, Debug)]
 pub struct CsrOptions {
     /// `--manual-csr-approval`: never approve; valid CSRs get a Normal Event saying they wait
     /// for `kubectl certificate approve`, invalid ones the usual Warning.
     pub manual: bool,
     /// Reporting instance in Events (e.g. the pod name); defaults to the controller name.
     pub instance: Option<String>,
+    /// Namespace of the hosts' Leases (whether a registered host is running).
+    pub host_lease_namespace: String,
+}
+
+impl Default for CsrOptions {
+    fn default() -> Self {
+        Self {
+            manual: false,
+            instance: None,
+            host_lease_namespace: byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE.into(),
+        }
+    }
 }
 
 /// Errors of the approver's reconcile.
@@ -115,6 +128,7 @@ struct Ctx {
     client: kube::Client,
     recorder: Recorder,
     manual: bool,
+    host_lease_namespace: String,
 }
 
 async fn publish(
@@ -166,7 +180,7 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                 Requester::Bootstrapper { token_id } => format!("bootstrap token {token_id}"),
                 Requester::Host => "the host itself (renewal)".to_string(),
             };
-            let hosts = identity::registered(&ctx.client, &host)
+            let hosts = identity::registered(&ctx.client, &host, &ctx.host_lease_namespace)
                 .await
                 .map_err(|source| CsrError::Api {
                     action: "looking up the ByoHosts of the host name",
@@ -263,6 +277,7 @@ pub async fn run(client: kube::Client, opts: CsrOptions) -> anyhow::Result<()> {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         manual: opts.manual,
+        host_lease_namespace: opts.host_lease_namespace,
     });
     tracing::info!(manual = opts.manual, "starting the CSR approver");
     Controller::new(
