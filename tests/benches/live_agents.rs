@@ -183,7 +183,12 @@ async fn enrol(name: String, namespace: &str, bootstrap: &Path, dir: &Path) -> S
         identity::certificate_in(&paths.kubeconfig).as_deref(),
     )
     .unwrap();
-    let host = HostHandle::new(client, namespace, &name);
+    let host = HostHandle::new(
+        client,
+        namespace,
+        &name,
+        byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE,
+    );
     registration::register(&host, &settings, &facts, &here)
         .await
         .unwrap();
@@ -441,7 +446,6 @@ where
 /// so this is an upper bound).
 async fn stored_bytes(admin: &Client, namespace: &str, host: &str) -> usize {
     use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-    use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use kube::Api;
     let role = byoh_controller::hostaccess::role_name(host);
