@@ -249,7 +249,7 @@ async fn a_free_host_decommissions_and_a_claimed_one_refuses() {
         "not claimed",
         "disable byoh-agent.service: disabled",
         "stop byoh-agent.service: inactive",
-        &format!("delete Lease {ns}/{name}: deleted"),
+        &format!("delete Lease byoh-system/{ns}.{name}: deleted"),
         &format!("delete ByoHost {ns}/{name}: deleted"),
         "remove the host's identity: removed /var/lib/byoh/kubeconfig",
     ] {

@@ -7,8 +7,10 @@
 //! release clock, finalizers, ownerReferences, spec, cluster label) can be neither set on
 //! CREATE nor added, changed or removed on UPDATE, through the object or its status. A host
 //! name is no authority outside host pools: `kube-controller-manager` can neither register in
-//! `kube-system` (nor in an unlabelled namespace) nor reach that namespace's Lease, and a
-//! Lease of its name that it did not create is out of its reach.
+//! `kube-system` (nor in an unlabelled namespace) nor reach that namespace's Lease; in the
+//! host-lease namespace (`byoh-system`), where the hosts' group may write Leases, a Lease of its
+//! name that it did not create and the controller's own Lease are out of its reach, and it reads
+//! no Lease at all.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 

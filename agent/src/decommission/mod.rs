@@ -10,7 +10,8 @@
 //!    agent registers its ByoHost and renews its Lease, so it must be stopped before they are
 //!    deleted (the command runs beside the service, from the operator's shell);
 //! 5. the Lease and 6. the ByoHost deleted with the host's own identity (its Role grants
-//!    `delete` on both by name; the admission policy refuses the ByoHost's delete while it is
+//!    `delete` on its ByoHost by name, the host-lease namespace's Role on Leases, which the Lease
+//!    policy narrows to the host's own; the admission policy refuses the ByoHost's delete while it is
 //!    claimed, so a claim made meanwhile cannot be lost); the controller's per-host Role and
 //!    RoleBinding go with the ByoHost (owner reference, garbage collector);
 //! 7. the identity removed: `<state_dir>/kubeconfig` (key and certificate) and
@@ -81,10 +82,12 @@ pub fn refusal(target: &Target, machine: &str) -> String {
 /// What the decommission is about.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
-    /// The ByoHost's (and Lease's) namespace.
+    /// The ByoHost's namespace (the pool).
     pub namespace: String,
-    /// The ByoHost's (and Lease's) name.
+    /// The ByoHost's name.
     pub name: String,
+    /// The namespace of the host's Lease `<namespace>.<name>`.
+    pub lease_namespace: String,
     /// The identity files the decommission removes.
     pub identity_files: Vec<PathBuf>,
     /// A kubeconfig `[cluster] kubeconfig` names: the operator's file, left in place.
@@ -92,6 +95,11 @@ pub struct Target {
 }
 
 impl Target {
+    /// The host's Lease name, `<namespace>.<name>`.
+    pub fn lease_name(&self) -> String {
+        byoh_api::names::host_lease_name(&self.namespace, &self.name)
+    }
+
     /// The target of host `name` with `settings`: with the TLS bootstrap, the host's
     /// kubeconfig and pending CSR under the state directory are its identity; a kubeconfig the
     /// configuration names is the operator's and is kept (the pending CSR file still goes).
@@ -104,6 +112,7 @@ impl Target {
         Target {
             namespace: settings.namespace.clone(),
             name: name.into(),
+            lease_namespace: settings.lease_namespace.clone(),
             identity_files,
             kept_kubeconfig,
         }
@@ -148,7 +157,7 @@ impl Step {
             Step::Release => "release the claim and clean the host".into(),
             Step::Disable => format!("disable {AGENT_UNIT}"),
             Step::Stop => format!("stop {AGENT_UNIT}"),
-            Step::DeleteLease => format!("delete Lease {}/{}", t.namespace, t.name),
+            Step::DeleteLease => format!("delete Lease {}/{}", t.lease_namespace, t.lease_name()),
             Step::DeleteHost => format!("delete ByoHost {}/{}", t.namespace, t.name),
             Step::RemoveIdentity => "remove the host's identity".into(),
         }
@@ -162,7 +171,9 @@ impl Step {
             Step::Disable => Some("systemctl disable byoh-agent (on the host)".into()),
             Step::Stop => Some("systemctl stop byoh-agent (on the host)".into()),
             Step::DeleteLease => Some(format!(
-                "kubectl -n {ns} delete lease {name} --ignore-not-found (an administrator)"
+                "kubectl -n {} delete lease {} --ignore-not-found (an administrator)",
+                t.lease_namespace,
+                t.lease_name()
             )),
             Step::DeleteHost => Some(format!(
                 "kubectl -n {ns} delete byohost {name} --ignore-not-found (an administrator; refused while claimed: delete the claim's Machine first)"
@@ -206,6 +217,7 @@ mod tests {
         Target {
             namespace: "pool".into(),
             name: "h1".into(),
+            lease_namespace: "byoh-system".into(),
             identity_files: vec![
                 "/var/lib/byoh/kubeconfig".into(),
                 "/var/lib/byoh/pending-csr.json".into(),
@@ -268,7 +280,10 @@ mod tests {
         let t = target();
         let left = left_after(Step::DeleteLease, &t);
         assert!(!left.contains("disable"), "{left}");
-        assert!(left.contains("kubectl -n pool delete lease h1"), "{left}");
+        assert!(
+            left.contains("kubectl -n byoh-system delete lease pool.h1"),
+            "{left}"
+        );
         assert!(left.contains("kubectl -n pool delete byohost h1"), "{left}");
         assert!(
             left.contains("rm -f /var/lib/byoh/kubeconfig /var/lib/byoh/pending-csr.json"),
