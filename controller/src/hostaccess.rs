@@ -4,16 +4,16 @@
 //! For each ByoHost `<ns>/<name>` the controller keeps a Role and a RoleBinding named
 //! [`role_name`] (`byoh-host-<name>`) in `<ns>`, owned by the ByoHost (garbage-collected with it),
 //! binding User `byoh:host:<name>` to, by `resourceNames` only:
-//! - its own `byohosts` (get, list, watch, update, patch, delete) and `byohosts/status` (get,
-//!   update, patch); list/watch work with the field selector `metadata.name=<name>`, which is
-//!   how the agent watches its host;
+//! - its own `byohosts` (get, list, watch, update, patch, delete) and `byohosts/status` (get);
+//!   list/watch work with the field selector `metadata.name=<name>`, which is how the agent
+//!   watches its host;
 //! - while claimed: `get` on the bootstrap data Secret named by `spec.claim.bootstrapSecretRef`
 //!   and get/list/watch on the `K8sInstallerConfig` named by `spec.claim.installerRef`; the
 //!   Role is rewritten when the claim changes, so a released host loses them.
 //!
-//! What cannot be restricted by name (`create` of ByoHosts) comes from the ClusterRole
-//! [`hosts_cluster_role`] for group `byoh:hosts`, and the admission policy (`crate::admission`)
-//! checks that the name is the host's own.
+//! What cannot be restricted by name (`create` of ByoHosts) and the status writes come from the
+//! ClusterRole [`hosts_cluster_role`] for group `byoh:hosts`, and the admission policy
+//! (`crate::admission`) checks that the name is the host's own and the namespace a host pool.
 //!
 //! A host's Lease (`<ns>.<name>`, [`byoh_api::names::host_lease_name`]) lives in the provider's
 //! namespace, labelled [`byoh_api::labels::HOST_LEASES`], as kubelets' Leases live in
@@ -101,12 +101,7 @@ pub fn host_rules(host: &ByoHost) -> Vec<PolicyRule> {
             &["get", "list", "watch", "update", "patch", "delete"],
             &[&name],
         ),
-        rule(
-            &[g],
-            &["byohosts/status"],
-            &["get", "update", "patch"],
-            &[&name],
-        ),
+        rule(&[g], &["byohosts/status"], &["get"], &[&name]),
     ];
     if let Some(claim) = &host.spec.claim {
         if !claim.bootstrap_secret_ref.name.is_empty() {
@@ -189,14 +184,23 @@ fn cluster_meta(name: &str) -> ObjectMeta {
     }
 }
 
-/// ClusterRole for group `byoh:hosts`: what cannot be restricted by name. `create` of ByoHosts
-/// (the admission policy requires the host's own name), CSRs (create, get, list, watch:
-/// certificate renewal), and Events (create, patch; the agent reports on its ByoHost).
+/// ClusterRole for group `byoh:hosts`: what cannot be restricted by name, and the status writes.
+/// `create` of ByoHosts and update/patch of `byohosts/status` (the host policy requires the
+/// host's own name in a host pool: a status report is a host's most frequent request in a pool
+/// namespace after its Lease renewal, and a grant here is found before the pool's per-host
+/// RoleBindings are walked), CSRs (create, get, list, watch: certificate renewal), and Events
+/// (create, patch; the agent reports on its ByoHost).
 pub fn hosts_cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: cluster_meta(HOSTS_CLUSTER_ROLE),
         rules: Some(vec![
             rule(&[byoh_api::GROUP], &["byohosts"], &["create"], &[]),
+            rule(
+                &[byoh_api::GROUP],
+                &["byohosts/status"],
+                &["update", "patch"],
+                &[],
+            ),
             rule(
                 &["certificates.k8s.io"],
                 &["certificatesigningrequests"],
@@ -602,6 +606,22 @@ mod tests {
                 .iter()
                 .all(|r| !r.resources.as_ref().unwrap().contains(&"leases".into()))
         );
+        // Nor do its status writes (the group's ClusterRole, narrowed by the host policy).
+        let writes = |rules: &[PolicyRule]| {
+            rules
+                .iter()
+                .filter(|r| {
+                    r.resources
+                        .as_ref()
+                        .unwrap()
+                        .contains(&"byohosts/status".into())
+                })
+                .flat_map(|r| r.verbs.clone())
+                .filter(|v| v == "update" || v == "patch")
+                .count()
+        };
+        assert_eq!(writes(&rules), 0);
+        assert_eq!(writes(&hosts_cluster_role().rules.unwrap()), 2);
         let lease_rules = host_leases_role("byoh-system").rules.unwrap();
         assert_eq!(
             lease_rules[0].verbs,
