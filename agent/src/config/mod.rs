@@ -416,24 +416,21 @@ impl Merged {
             })
         };
 
-        let namespace = match self.namespace {
+        let mut dns_label = |v: Option<Sourced<String>>, key: &str, default: &str| match v {
             Some(v) => {
                 if let Err(m) = check_dns_label(&v.value) {
-                    bad(&v.origin, "cluster.namespace", m);
+                    bad(&v.origin, key, m);
                 }
                 v.value
             }
-            None => DEFAULT_NAMESPACE.into(),
+            None => default.into(),
         };
-        let lease_namespace = match self.lease_namespace {
-            Some(v) => {
-                if let Err(m) = check_dns_label(&v.value) {
-                    bad(&v.origin, "cluster.lease_namespace", m);
-                }
-                v.value
-            }
-            None => byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE.into(),
-        };
+        let namespace = dns_label(self.namespace, "cluster.namespace", DEFAULT_NAMESPACE);
+        let lease_namespace = dns_label(
+            self.lease_namespace,
+            "cluster.lease_namespace",
+            byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE,
+        );
 
         let mut abs_path = |v: &Sourced<String>, key: &str| -> PathBuf {
             let p = PathBuf::from(&v.value);

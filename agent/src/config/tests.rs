@@ -470,3 +470,12 @@ fn proxy_urls_and_no_proxy_are_checked_and_credentials_never_shown() {
     let e = load_text("[proxy]\nftp_proxy = \"x\"\n").unwrap_err();
     assert!(e.to_string().contains("proxy.ftp_proxy"), "{e}");
 }
+
+#[test]
+fn a_bad_lease_namespace_is_reported_with_its_key() {
+    let err = load_text("[cluster]\nlease_namespace = \"byoh.system\"\n").unwrap_err();
+    assert!(
+        err.0.iter().any(|p| p.key == "cluster.lease_namespace"),
+        "{err}"
+    );
+}
