@@ -291,10 +291,22 @@ pub async fn ensure(
         let valid = embedded_certificate(&kc)
             .and_then(|c| validity(&c))
             .is_some_and(|(_, after)| after > SystemTime::now());
-        if valid {
+        let moved = read_kubeconfig(bootstrap)
+            .ok()
+            .filter(|b| names_another_cluster(&kc, b, bootstrap));
+        if valid && moved.is_none() {
             return client_from(kc, &paths.kubeconfig).await;
         }
-        tracing::warn!(path = %paths.kubeconfig.display(), "host certificate in {} expired or unreadable; bootstrapping a new one", paths.kubeconfig.display());
+        if valid {
+            tracing::warn!(
+                bootstrap = %bootstrap.display(),
+                "the bootstrap kubeconfig {} trusts another cluster CA than the host identity {}: enrolling with that management cluster (moved with clusterctl move?)",
+                bootstrap.display(),
+                paths.kubeconfig.display()
+            );
+        } else {
+            tracing::warn!(path = %paths.kubeconfig.display(), "host certificate in {} expired or unreadable; bootstrapping a new one", paths.kubeconfig.display());
+        }
     }
     let bootstrap_kc = read_credential(
         bootstrap,
@@ -477,6 +489,48 @@ pub fn host_kubeconfig(
 ) -> Result<Kubeconfig, IdentityError> {
     use base64::Engine;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let cluster = current_cluster(source, source_path)?;
+    let user = format!("{HOST_USER_PREFIX}{name}");
+    Ok(Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "byoh".into(),
+            cluster: Some(cluster),
+            ..Default::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: user.clone(),
+            auth_info: Some(AuthInfo {
+                client_certificate_data: Some(b64(cert_pem)),
+                client_key_data: Some(b64(key_pem).into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "byoh".into(),
+            context: Some(Context {
+                cluster: "byoh".into(),
+                user: Some(user),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        current_context: Some("byoh".into()),
+        api_version: Some("v1".into()),
+        kind: Some("Config".into()),
+        ..Default::default()
+    })
+}
+
+/// The cluster of `source`'s current context (else its first cluster), with a
+/// `certificate-authority` file (relative to `source_path`'s directory) read and embedded.
+///
+/// # Errors
+/// [`IdentityError::Kubeconfig`] if `source` has no usable current cluster or its CA file
+/// cannot be read.
+pub fn current_cluster(source: &Kubeconfig, source_path: &Path) -> Result<Cluster, IdentityError> {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let bad = |message: &str| IdentityError::Kubeconfig {
         path: source_path.into(),
         message: message.into(),
@@ -509,36 +563,36 @@ pub fn host_kubeconfig(
         })?;
         cluster.certificate_authority_data = Some(b64(&ca));
     }
-    let user = format!("{HOST_USER_PREFIX}{name}");
-    Ok(Kubeconfig {
-        clusters: vec![NamedCluster {
-            name: "byoh".into(),
-            cluster: Some(cluster),
-            ..Default::default()
-        }],
-        auth_infos: vec![NamedAuthInfo {
-            name: user.clone(),
-            auth_info: Some(AuthInfo {
-                client_certificate_data: Some(b64(cert_pem)),
-                client_key_data: Some(b64(key_pem).into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        contexts: vec![NamedContext {
-            name: "byoh".into(),
-            context: Some(Context {
-                cluster: "byoh".into(),
-                user: Some(user),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        current_context: Some("byoh".into()),
-        api_version: Some("v1".into()),
-        kind: Some("Config".into()),
-        ..Default::default()
-    })
+    Ok(cluster)
+}
+
+/// The CA certificate(s) (PEM bytes) `kc`'s current cluster trusts ([`current_cluster`]);
+/// `None` when it has none or they cannot be read.
+fn trusted_ca(kc: &Kubeconfig, path: &Path) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let data = current_cluster(kc, path).ok()?.certificate_authority_data?;
+    base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .ok()
+}
+
+/// Whether the bootstrap kubeconfig `bootstrap` (at `bootstrap_path`) trusts another cluster CA
+/// than the host identity `identity`: the operator pointed the host at another management
+/// cluster (after `clusterctl move`, docs/operations.md), so the host enrols there anew. The
+/// same CA (a renewed token, another address of the same API server) is the same cluster: the
+/// identity stays. `false` when either CA is missing or unreadable.
+pub fn names_another_cluster(
+    identity: &Kubeconfig,
+    bootstrap: &Kubeconfig,
+    bootstrap_path: &Path,
+) -> bool {
+    match (
+        trusted_ca(identity, Path::new("/")),
+        trusted_ca(bootstrap, bootstrap_path),
+    ) {
+        (Some(mine), Some(theirs)) => mine != theirs,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -600,6 +654,42 @@ mod tests {
         );
         assert_eq!(kc.auth_infos[0].name, "byoh:host:w1");
         assert_eq!(embedded_certificate(&kc).unwrap(), b"CERT");
+    }
+
+    /// The identity made from one bootstrap kubeconfig stays with a renewed token or another
+    /// address of the same API server (same CA); a bootstrap kubeconfig that trusts another
+    /// CA (another management cluster) makes the host enrol anew.
+    #[test]
+    fn a_bootstrap_kubeconfig_of_another_cluster_ca_is_another_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.crt"), b"CA PEM").unwrap();
+        let boot = |cluster: &str| -> Kubeconfig {
+            serde_yaml_ng::from_str(&format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n{cluster}contexts:\n- name: x\n  context:\n    cluster: c\n    user: boot\ncurrent-context: x\nusers:\n- name: boot\n  user:\n    token: abcdef.0123456789abcdef\n"
+            ))
+            .unwrap()
+        };
+        let path = dir.path().join("bootstrap-kubeconfig");
+        let first = boot("    server: https://10.0.0.1:6443\n    certificate-authority: ca.crt\n");
+        let identity = host_kubeconfig(&first, &path, "w1", b"CERT", b"KEY").unwrap();
+        assert!(!names_another_cluster(&identity, &first, &path));
+        let same_ca_new_address = boot(
+            "    server: https://api.example:6443\n    certificate-authority-data: Q0EgUEVN\n",
+        );
+        assert!(!names_another_cluster(
+            &identity,
+            &same_ca_new_address,
+            &path
+        ));
+        let other = boot(
+            "    server: https://10.0.0.2:6443\n    certificate-authority-data: T1RIRVIgQ0E=\n",
+        );
+        assert!(names_another_cluster(&identity, &other, &path));
+        let no_ca = boot("    server: https://10.0.0.2:6443\n");
+        assert!(
+            !names_another_cluster(&identity, &no_ca, &path),
+            "no CA to compare proves nothing"
+        );
     }
 
     /// Writes `text` as a kubeconfig, reads it back; the error text.

@@ -24,6 +24,16 @@ pub const PROVIDER: &str = "cluster.x-k8s.io/provider";
 /// Value of [`PROVIDER`] for BYOH.
 pub const PROVIDER_NAME: &str = "infrastructure-byoh";
 
+/// CRD label: `clusterctl move` moves every object of this kind in the namespace, even outside
+/// a Cluster's object tree (clusterctl's `ClusterctlMoveLabel`,
+/// sigs.k8s.io/cluster-api cmd/clusterctl/api/v1alpha3/labels.go).
+pub const CLUSTERCTL_MOVE: &str = "clusterctl.cluster.x-k8s.io/move";
+
+/// Annotation `clusterctl move` puts on each object it deletes from the source management
+/// cluster after creating it in the target: a provider must not act on that deletion (no
+/// release, no clean-up); clusterctl then removes the finalizers itself.
+pub const DELETE_FOR_MOVE: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+
 /// ClusterClass: a request is a dry-run of the topology controller (annotation); template
 /// immutability checks skip it.
 pub const TOPOLOGY_DRY_RUN: &str = "topology.cluster.x-k8s.io/dry-run";

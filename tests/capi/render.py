@@ -6,9 +6,12 @@ manager runs as a process on 127.0.0.1 instead of as a Deployment behind a Servi
 - the Deployment, the webhook Service and cert-manager's Certificate/Issuer are left out;
 - every webhook's `clientConfig.service` (Validating/MutatingWebhookConfiguration) and every
   CRD conversion webhook's becomes `url: https://127.0.0.1:PORT<path>` with `caBundle`;
-- cert-manager's `inject-ca-from` annotations are dropped (the caBundle is set here).
+- cert-manager's `inject-ca-from` annotations are dropped (the caBundle is set here);
+- every object gets the labels `clusterctl init` gives a provider's components
+  (`clusterctl.cluster.x-k8s.io: ""`, `cluster.x-k8s.io/provider: PROVIDER`), which
+  `clusterctl move` discovers the CRDs by.
 
-  render.py COMPONENTS PORT CA_FILE OUT [GATE=VALUE...]
+  render.py COMPONENTS PORT CA_FILE OUT PROVIDER [GATE=VALUE...]
 
 Writes the objects to OUT (YAML) and prints, one a line, what the process needs from the
 Deployment: `namespace NS`, `serviceaccount NAME`, then `arg ARG` for each manager argument
@@ -52,10 +55,10 @@ def override_gates(arg, gates):
 
 
 def main(argv):
-    if len(argv) < 5:
+    if len(argv) < 6:
         sys.exit(__doc__)
-    components, port, ca_file, out = argv[1:5]
-    gates = dict(g.split("=", 1) for g in argv[5:])
+    components, port, ca_file, out, provider = argv[1:6]
+    gates = dict(g.split("=", 1) for g in argv[6:])
     with open(ca_file, "rb") as f:
         ca_b64 = base64.b64encode(f.read()).decode()
     with open(components) as f:
@@ -68,6 +71,9 @@ def main(argv):
             deployment = doc
         if kind in DROPPED_KINDS:
             continue
+        labels = doc.setdefault("metadata", {}).get("labels") or {}
+        labels.update({"clusterctl.cluster.x-k8s.io": "", "cluster.x-k8s.io/provider": provider})
+        doc["metadata"]["labels"] = labels
         annotations = doc.get("metadata", {}).get("annotations") or {}
         annotations.pop("cert-manager.io/inject-ca-from", None)
         if kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):

@@ -114,6 +114,41 @@ impl Clusterctl {
     pub fn infrastructure() -> String {
         format!("byoh:v{}", env!("CARGO_PKG_VERSION"))
     }
+
+    /// Installs BYOH on the management cluster of `admin` as `clusterctl init` does, its Pod
+    /// aside: the components as `clusterctl generate provider` renders them (with the labels
+    /// `clusterctl move` discovers CRDs by), and the provider recorded in clusterctl's
+    /// inventory (`tests/capi/up` installs its CRD).
+    ///
+    /// Errors when clusterctl or an apply fails.
+    pub async fn install_byoh(&self, admin: &Client) -> anyhow::Result<()> {
+        let infra = Self::infrastructure();
+        let components =
+            run(&mut self.command(&["generate", "provider", "--infrastructure", &infra]))?;
+        manifests::apply_yaml(admin, &components, false).await?;
+        let inventory = format!(
+            "apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3\nkind: Provider\nmetadata:\n  name: infrastructure-byoh\n  namespace: byoh-system\n  labels: {{ clusterctl.cluster.x-k8s.io: \"\", cluster.x-k8s.io/provider: infrastructure-byoh }}\nproviderName: byoh\ntype: InfrastructureProvider\nversion: v{}\n",
+            env!("CARGO_PKG_VERSION")
+        );
+        manifests::apply_yaml(admin, &inventory, false).await?;
+        Ok(())
+    }
+}
+
+/// The API server address and CA (base64 PEM) of the control plane of `kubeconfig` as the
+/// hosts on the test network reach it (the gateway's address instead of loopback).
+///
+/// Errors when the kubeconfig has no cluster, server or CA.
+pub fn as_hosts_reach_it(kubeconfig: &Path) -> anyhow::Result<(String, String)> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let cluster = kc.clusters[0].cluster.clone().context("no cluster")?;
+    let server = cluster
+        .server
+        .as_deref()
+        .context("no server")?
+        .replace("127.0.0.1", &NETWORK_GATEWAY.to_string());
+    let ca = cluster.certificate_authority_data.context("no CA")?;
+    Ok((server, ca))
 }
 
 /// The images' registry as `tests/images/serve` reports it, seen from the hosts.
@@ -285,7 +320,8 @@ impl CapiBed {
         let ca = TestCa::new("BYOH e2e site CA")?;
         let mirror = PackageMirror::start(&ca).await?;
         phases.done("images served, package mirror built and served");
-        manifests::apply_yaml(&admin, &manifests::components_text()?, false).await?;
+        let clusterctl = Clusterctl::new()?;
+        clusterctl.install_byoh(&admin).await?;
         let ns = TestNamespace::create(&admin, pool).await?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
         phases.done("BYOH components + controller started");
@@ -299,25 +335,9 @@ impl CapiBed {
             .await?;
         }
         phases.done("hosts booted on the test network and prepared");
-        let kc = kube::config::Kubeconfig::read_from(cp.kubeconfig())?;
-        let cluster = kc.clusters[0].cluster.clone().context("no cluster")?;
-        let server = cluster
-            .server
-            .as_deref()
-            .context("no server")?
-            .replace("127.0.0.1", &NETWORK_GATEWAY.to_string());
+        let (server, ca_data) = as_hosts_reach_it(cp.kubeconfig())?;
         let labeled: Vec<(&Host, &str)> = hosts.iter().map(|h| (h, "capi")).collect();
-        pool::register(
-            &admin,
-            ns.name(),
-            &server,
-            cluster
-                .certificate_authority_data
-                .as_deref()
-                .context("no CA")?,
-            &labeled,
-        )
-        .await?;
+        pool::register(&admin, ns.name(), &server, &ca_data, &labeled).await?;
         let mut snapshots = Vec::new();
         for host in &hosts {
             snapshots.push(snapshot(host).await?);
@@ -333,7 +353,7 @@ impl CapiBed {
             ns,
             hosts,
             snapshots,
-            clusterctl: Clusterctl::new()?,
+            clusterctl,
             phases,
             _ca: ca,
         })

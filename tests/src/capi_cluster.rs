@@ -12,15 +12,51 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt as _};
 use std::time::Duration;
 
-/// A cluster `name` in the bed's namespace.
+/// A cluster `name` in the bed's namespace, on the management cluster of `admin` (the bed's,
+/// or another after `clusterctl move`).
 pub struct CapiCluster<'a> {
     /// The bed it runs on.
     pub bed: &'a CapiBed,
     /// The Cluster's name.
     pub name: &'a str,
+    /// The admin client of the management cluster that holds it.
+    pub admin: Client,
 }
 
-impl CapiCluster<'_> {
+impl<'a> CapiCluster<'a> {
+    /// Cluster `name` on the bed's management cluster.
+    pub fn new(bed: &'a CapiBed, name: &'a str) -> CapiCluster<'a> {
+        CapiCluster {
+            bed,
+            name,
+            admin: bed.admin.clone(),
+        }
+    }
+
+    /// The same cluster on the management cluster of `admin` (after `clusterctl move`).
+    pub fn moved_to(&self, admin: Client) -> CapiCluster<'a> {
+        CapiCluster {
+            bed: self.bed,
+            name: self.name,
+            admin,
+        }
+    }
+
+    /// The namespaced API of `kind` in group `group`/`version` on its management cluster.
+    pub fn api(&self, group: &str, version: &str, kind: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.admin.clone(),
+            self.bed.ns.name(),
+            &crate::capi_bed::api_resource(group, version, kind),
+        )
+    }
+
+    /// The namespaced API of Cluster API core kind `kind` (`cluster.x-k8s.io/v1beta2`) on its
+    /// management cluster.
+    pub fn capi(&self, kind: &str) -> Api<DynamicObject> {
+        self.api("cluster.x-k8s.io", "v1beta2", kind)
+    }
+
     /// `clusterctl generate cluster` of BYOH's templates (`flavor`, default when `None`), one
     /// control-plane and one worker Machine, with the site's variables: `endpoint_ip` as
     /// `CONTROL_PLANE_ENDPOINT_IP`, the bed's registry and package mirror.
@@ -127,7 +163,7 @@ impl CapiCluster<'_> {
     ///
     /// Errors when the Secret is not there (yet) or holds no kubeconfig.
     pub async fn workload_kubeconfig(&self) -> anyhow::Result<Vec<u8>> {
-        let secrets: Api<Secret> = Api::namespaced(self.bed.admin.clone(), self.bed.ns.name());
+        let secrets: Api<Secret> = Api::namespaced(self.admin.clone(), self.bed.ns.name());
         let s = secrets.get(&format!("{}-kubeconfig", self.name)).await?;
         s.data
             .and_then(|d| d.get("value").map(|b| b.0.clone()))
@@ -136,12 +172,12 @@ impl CapiCluster<'_> {
 
     /// Our ByoMachines in the namespace.
     pub fn byomachines(&self) -> Api<ByoMachine> {
-        Api::namespaced(self.bed.admin.clone(), self.bed.ns.name())
+        Api::namespaced(self.admin.clone(), self.bed.ns.name())
     }
 
     /// Our ByoHosts in the namespace.
     pub fn byohosts(&self) -> Api<ByoHost> {
-        Api::namespaced(self.bed.admin.clone(), self.bed.ns.name())
+        Api::namespaced(self.admin.clone(), self.bed.ns.name())
     }
 
     /// The host a Machine's ByoMachine claimed, once it has.
@@ -168,7 +204,7 @@ impl CapiCluster<'_> {
             self.name,
             if control_plane { "" } else { "!" }
         ));
-        Ok(self.bed.capi("Machine").list(&lp).await?.items)
+        Ok(self.capi("Machine").list(&lp).await?.items)
     }
 
     /// The names of the workload cluster's Nodes, of those that are Ready when `ready_only`.
@@ -194,7 +230,7 @@ impl CapiCluster<'_> {
     pub async fn machine_deployment(&self) -> anyhow::Result<String> {
         let lp =
             ListParams::default().labels(&format!("cluster.x-k8s.io/cluster-name={}", self.name));
-        let mds = self.bed.capi("MachineDeployment").list(&lp).await?.items;
+        let mds = self.capi("MachineDeployment").list(&lp).await?.items;
         match mds.as_slice() {
             [md] => Ok(md.name_any()),
             _ => anyhow::bail!(
@@ -209,8 +245,7 @@ impl CapiCluster<'_> {
     ///
     /// Errors when the API server refuses it.
     pub async fn patch_machine_deployment(&self, patch: serde_json::Value) -> anyhow::Result<()> {
-        self.bed
-            .capi("MachineDeployment")
+        self.capi("MachineDeployment")
             .patch(
                 &self.machine_deployment().await?,
                 &PatchParams::default(),
@@ -232,8 +267,7 @@ impl CapiCluster<'_> {
     ///
     /// Errors when the API server refuses it.
     pub async fn set_paused(&self, paused: bool) -> anyhow::Result<()> {
-        self.bed
-            .capi("Cluster")
+        self.capi("Cluster")
             .patch(
                 self.name,
                 &PatchParams::default(),
@@ -278,7 +312,7 @@ impl CapiCluster<'_> {
     pub async fn wait_workers(&self, n: usize, timeout: Duration) -> anyhow::Result<Vec<String>> {
         let (workload, _) = self.workload().await?;
         let nodes: Api<Node> = Api::all(workload);
-        let mds = self.bed.capi("MachineDeployment");
+        let mds = self.capi("MachineDeployment");
         let md = self.machine_deployment().await?;
         wait_for(
             &format!("{n} worker Machines Running with Ready Nodes, MachineDeployment available"),
@@ -350,7 +384,7 @@ impl CapiCluster<'_> {
     ///
     /// Errors when it does not within `timeout`.
     pub async fn wait_available(&self, timeout: Duration) -> anyhow::Result<()> {
-        let clusters = self.bed.capi("Cluster");
+        let clusters = self.capi("Cluster");
         wait_for(
             "Cluster Available, ControlPlaneAvailable, WorkersAvailable",
             timeout,

@@ -39,6 +39,7 @@ pub mod apt_repo;
 pub mod bench;
 pub mod capi_bed;
 pub mod capi_cluster;
+pub mod capi_move;
 pub mod control_plane;
 pub mod controller;
 pub mod failpoint;

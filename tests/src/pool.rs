@@ -95,32 +95,7 @@ pub async fn register(
     ca_data: &str,
     hosts: &[(&Host, &str)],
 ) -> anyhow::Result<()> {
-    let bks: Api<byoh_api::BootstrapKubeconfig> = Api::namespaced(admin.clone(), namespace);
-    let bk: byoh_api::BootstrapKubeconfig = serde_json::from_value(json!({
-        "apiVersion": format!("{}/{}", byoh_api::GROUP, byoh_api::VERSION),
-        "kind": "BootstrapKubeconfig",
-        "metadata": {"name": "pool"},
-        "spec": {
-            "apiServer": api_server,
-            "certificateAuthorityData": ca_data,
-            "ttlSeconds": 3600,
-        }
-    }))?;
-    bks.create(&PostParams::default(), &bk).await?;
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), namespace);
-    let bootstrap = wait_for(
-        "the BootstrapKubeconfig's kubeconfig Secret",
-        Duration::from_secs(60),
-        || async {
-            let Some(s) = secrets.get_opt("pool-bootstrap-kubeconfig").await? else {
-                return Ok(None);
-            };
-            Ok(s.data
-                .and_then(|d| d.get("kubeconfig").map(|b| b.0.clone()))
-                .map(|b| String::from_utf8_lossy(&b).into_owned()))
-        },
-    )
-    .await?;
+    let bootstrap = bootstrap_kubeconfig(admin, namespace, api_server, ca_data).await?;
     for (host, label) in hosts {
         install_deb(host).await?;
         let config = format!(
@@ -147,6 +122,46 @@ pub async fn register(
         .with_context(|| format!("host {name}"))?;
     }
     Ok(())
+}
+
+/// Creates the BootstrapKubeconfig `pool` in `namespace` for the API server at `api_server` (as
+/// the hosts reach it) with CA `ca_data` (base64 PEM), and returns the kubeconfig the
+/// controller writes for it (Secret `pool-bootstrap-kubeconfig`, 60 s).
+///
+/// Errors when the create fails or the Secret does not come.
+pub async fn bootstrap_kubeconfig(
+    admin: &Client,
+    namespace: &str,
+    api_server: &str,
+    ca_data: &str,
+) -> anyhow::Result<String> {
+    let bks: Api<byoh_api::BootstrapKubeconfig> = Api::namespaced(admin.clone(), namespace);
+    let bk: byoh_api::BootstrapKubeconfig = serde_json::from_value(json!({
+        "apiVersion": format!("{}/{}", byoh_api::GROUP, byoh_api::VERSION),
+        "kind": "BootstrapKubeconfig",
+        "metadata": {"name": "pool"},
+        "spec": {
+            "apiServer": api_server,
+            "certificateAuthorityData": ca_data,
+            "ttlSeconds": 3600,
+        }
+    }))?;
+    bks.create(&PostParams::default(), &bk).await?;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), namespace);
+    let bootstrap = wait_for(
+        "the BootstrapKubeconfig's kubeconfig Secret",
+        Duration::from_secs(60),
+        || async {
+            let Some(s) = secrets.get_opt("pool-bootstrap-kubeconfig").await? else {
+                return Ok(None);
+            };
+            Ok(s.data
+                .and_then(|d| d.get("kubeconfig").map(|b| b.0.clone()))
+                .map(|b| String::from_utf8_lossy(&b).into_owned()))
+        },
+    )
+    .await?;
+    Ok(bootstrap)
 }
 
 /// The last 150 lines of the journals of the agent, the kubelet and containerd on each host, for

@@ -39,7 +39,13 @@
 //! K8sInstallerConfig, the cluster's Secrets garbage-collected; the control-plane host's
 //! `cni0` and endpoint address removed by the agent's clean-up, without help. Then the
 //! ClusterClass flavor (`--flavor topology`, the ClusterClass added by `clusterctl generate`)
-//! on the same hosts: created, Available with the same checks, deleted the same way.
+//! on the same hosts: created, Available with the same checks. Then `clusterctl move` of that
+//! running cluster to a second management cluster ([`TargetManagement`]): nothing of the
+//! namespace left on the source, every ByoHost on the target with the same claims; the hosts
+//! follow by the documented procedure (each ByoHost allowed one enrolment, the target's
+//! bootstrap kubeconfig on every host, the agent restarted); the Cluster Available there on the
+//! same Nodes (names and UIDs), each claim re-keyed to the ByoMachine the move created; scaled
+//! 1 -> 2 workers there (the free host joins); deleted there the same way.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
 //! journals and the objects' states. Each phase's duration is printed at the end.
@@ -50,12 +56,13 @@ use anyhow::{Context as _, ensure};
 use byoh_tests::agent::wait_for;
 use byoh_tests::capi_bed::{CapiBed, KUBERNETES_VERSION};
 use byoh_tests::capi_cluster::{CapiCluster, condition_true, node_ready, skip_system_verification};
+use byoh_tests::capi_move::TargetManagement;
 use byoh_tests::hosts;
 use byoh_tests::manifests::apply_yaml;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use std::time::Duration;
 
 /// The cluster's control-plane endpoint, in the test network's free range `198.18.0.200-254`
@@ -434,7 +441,7 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         None => None,
     }
     .context("no control-plane host")?;
-    bed.capi("Cluster")
+    c.capi("Cluster")
         .delete(c.name, &DeleteParams::default())
         .await?;
     // What the claim left on the control-plane host's network goes with the clean-up, without
@@ -446,12 +453,8 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         "the Cluster and every Machine gone",
         Duration::from_secs(600),
         || async {
-            let cluster = bed.capi("Cluster").get_opt(c.name).await?;
-            let machines = bed
-                .capi("Machine")
-                .list(&ListParams::default())
-                .await?
-                .items;
+            let cluster = c.capi("Cluster").get_opt(c.name).await?;
+            let machines = c.capi("Machine").list(&ListParams::default()).await?.items;
             Ok((cluster.is_none() && machines.is_empty()).then_some(()))
         },
     )
@@ -470,14 +473,14 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     );
     let bms = c.byomachines().list(&ListParams::default()).await?.items;
     ensure!(bms.is_empty(), "ByoMachines left: {bms:?}");
-    let bcs = bed
+    let bcs = c
         .api("infrastructure.cluster.x-k8s.io", "v1beta2", "ByoCluster")
         .list(&ListParams::default())
         .await?
         .items;
     ensure!(bcs.is_empty(), "ByoClusters left: {bcs:?}");
-    let secrets: Api<Secret> = Api::namespaced(bed.admin.clone(), bed.ns.name());
-    let roles: Api<Role> = Api::namespaced(bed.admin.clone(), bed.ns.name());
+    let secrets: Api<Secret> = Api::namespaced(c.admin.clone(), bed.ns.name());
+    let roles: Api<Role> = Api::namespaced(c.admin.clone(), bed.ns.name());
     for host in &bed.hosts {
         let role = roles
             .get(&format!("byoh-host-{}", host.name()))
@@ -518,8 +521,143 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
-    let c = CapiCluster { bed, name: CLUSTER };
+/// `clusterctl move` of the running cluster `c` (its namespace: the cluster, its objects and
+/// the pool's ByoHosts) to a second management cluster, the hosts following by the documented
+/// procedure; then the cluster is Available there on the same Nodes and scales 1 -> 2 workers.
+/// Returns the cluster as the target holds it.
+async fn move_cluster<'a>(
+    c: &CapiCluster<'a>,
+    target: &TargetManagement,
+) -> anyhow::Result<CapiCluster<'a>> {
+    let bed = c.bed;
+    let (workload, _) = c.workload().await?;
+    let node_uids = |nodes: Vec<Node>| -> Vec<(String, Option<String>)> {
+        let mut v: Vec<_> = nodes.iter().map(|n| (n.name_any(), n.uid())).collect();
+        v.sort();
+        v
+    };
+    let nodes_before = node_uids(
+        Api::<Node>::all(workload.clone())
+            .list(&ListParams::default())
+            .await?
+            .items,
+    );
+    let claims = |hosts: Vec<byoh_api::ByoHost>| -> Vec<(String, Option<String>)> {
+        let mut v: Vec<_> = hosts
+            .into_iter()
+            .map(|h| {
+                let id = h.spec.claim.as_ref().map(|c| c.provider_id.clone());
+                (h.name_any(), id)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let claims_before = claims(c.byohosts().list(&ListParams::default()).await?.items);
+
+    let out = target.move_from(bed)?;
+    bed.phases.done(&format!(
+        "{}: clusterctl move to a second management cluster",
+        c.name
+    ));
+    ensure!(
+        c.capi("Cluster").get_opt(c.name).await?.is_none()
+            && c.byohosts()
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+            && c.byomachines()
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty(),
+        "the source still holds the cluster or the pool after clusterctl move:
+{out}"
+    );
+    let moved = c.moved_to(target.admin.clone());
+    let claims_moved = claims(moved.byohosts().list(&ListParams::default()).await?.items);
+    ensure!(
+        claims_moved == claims_before,
+        "the ByoHosts and their claims on the target {claims_moved:?}, on the source {claims_before:?}"
+    );
+
+    target.enrol_hosts(bed).await?;
+    moved.wait_available(Duration::from_secs(600)).await?;
+    let workers = moved.wait_workers(1, Duration::from_secs(300)).await?;
+    // The hosts kept their nodes: the same Nodes (names and UIDs: none joined again), the same
+    // claims, each re-keyed to the ByoMachine the move created and reported by its agent.
+    let (workload, _) = moved.workload().await?;
+    let nodes_after = node_uids(
+        Api::<Node>::all(workload)
+            .list(&ListParams::default())
+            .await?
+            .items,
+    );
+    ensure!(
+        nodes_after == nodes_before,
+        "the workload Nodes changed with the move: {nodes_before:?} -> {nodes_after:?}"
+    );
+    for bm in moved
+        .byomachines()
+        .list(&ListParams::default())
+        .await?
+        .items
+    {
+        let host = bm
+            .status
+            .as_ref()
+            .and_then(|s| s.host_ref.as_ref())
+            .map(|r| r.name.clone())
+            .with_context(|| format!("ByoMachine {} has no host on the target", bm.name_any()))?;
+        let h = moved.byohosts().get(&host).await?;
+        let claim = h.spec.claim.as_ref().context("the host lost its claim")?;
+        ensure!(
+            Some(claim.machine_ref.uid.as_str()) == bm.uid().as_deref()
+                && h.status
+                    .as_ref()
+                    .and_then(|s| s.observed_machine_uid.as_deref())
+                    == bm.uid().as_deref()
+                && bm.spec.provider_id.as_deref() == Some(claim.provider_id.as_str()),
+            "ByoHost {host}'s claim {claim:?} / status {:?} is not ByoMachine {} ({:?}, {:?})",
+            h.status.as_ref().map(|s| &s.observed_machine_uid),
+            bm.name_any(),
+            bm.uid(),
+            bm.spec.provider_id
+        );
+    }
+    bed.phases.done(&format!(
+        "{}: hosts enrolled with the new management cluster; Cluster Available there on the same Nodes (worker {})",
+        c.name,
+        workers.join(", ")
+    ));
+
+    // Cluster API on the target drives the hosts: the topology's workers 1 -> 2 take the
+    // free host.
+    moved
+        .capi("Cluster")
+        .patch(
+            c.name,
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(serde_json::json!([{
+                "op": "replace",
+                "path": "/spec/topology/workers/machineDeployments/0/replicas",
+                "value": 2
+            }]))?),
+        )
+        .await?;
+    let workers = moved.wait_workers(2, Duration::from_secs(600)).await?;
+    moved.wait_available(Duration::from_secs(300)).await?;
+    bed.phases.done(&format!(
+        "{}: scaled 1 -> 2 workers on the new management cluster ({})",
+        c.name,
+        workers.join(", ")
+    ));
+    Ok(moved)
+}
+
+async fn scenario(bed: &CapiBed, target: &mut Option<TargetManagement>) -> anyhow::Result<()> {
+    let c = CapiCluster::new(bed, CLUSTER);
     create(&c, None).await?;
     let workers = scale_up_while_paused(&c).await?;
     let worker = scale_down(&c, &workers).await?;
@@ -537,12 +675,14 @@ async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
     // The ClusterClass flavor on the same hosts, back in the pool: Cluster API's topology
     // controller makes the KubeadmControlPlane, MachineDeployment and templates from the
     // ClusterClass `clusterctl generate` adds; the cluster works and goes the same way.
-    let topology = CapiCluster {
-        bed,
-        name: TOPOLOGY_CLUSTER,
-    };
+    let topology = CapiCluster::new(bed, TOPOLOGY_CLUSTER);
     create(&topology, Some("topology")).await?;
-    delete(&topology).await
+    // Moved to a second management cluster, it is deleted there.
+    let t = target.insert(TargetManagement::start(bed).await?);
+    bed.phases
+        .done("second management cluster up (control plane, Cluster API managers, BYOH)");
+    let moved = move_cluster(&topology, t).await?;
+    delete(&moved).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -551,8 +691,15 @@ async fn cluster_api_makes_scales_and_deletes_a_cluster_on_byoh_hosts() {
         return;
     }
     let bed = CapiBed::start(3, "capi-e2e").await.unwrap();
-    let result = scenario(&bed).await;
+    let mut target = None;
+    let result = scenario(&bed, &mut target).await;
     if let Err(e) = &result {
+        if let Some(t) = &target {
+            eprintln!(
+                "{}",
+                t.diagnostics(&bed.clusterctl, bed.ns.name(), TOPOLOGY_CLUSTER)
+            );
+        }
         // The cluster the failing step worked on: the ClusterClass one once it exists.
         let topology = bed.capi("Cluster").get_opt(TOPOLOGY_CLUSTER).await;
         let current = if matches!(topology, Ok(Some(_))) {

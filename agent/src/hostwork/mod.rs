@@ -208,7 +208,26 @@ pub enum Action {
     Released,
 }
 
-/// The next step, from the controller's spec and the local state (pure).
+/// The ByoMachine UID the claim now carries when it is the claim this host works for, moved
+/// to a new ByoMachine object (pure): `clusterctl move` (or a restore from a backup) recreates
+/// the ByoMachine under a new UID, and the controller re-keys the host's claim to it, keeping
+/// the claim's providerID (random per claim, `byoh://<host>/<id>`) and the ByoMachine's name.
+/// Then the host is the same node of the same Machine: the local record takes the new UID
+/// ([`HostWorker::work`] does it before deciding) and nothing is cleaned up. `None` when there
+/// is no claim, no local work, the same UID, or another claim (another providerID or name).
+pub fn moved_claim<'a>(spec: &'a ByoHostSpec, state: &HostState) -> Option<&'a str> {
+    let claim = spec.claim.as_ref()?;
+    let work = state.claim.as_ref()?;
+    (state.cleanup.is_none()
+        && work.machine_uid != claim.machine_ref.uid
+        && !work.provider_id.is_empty()
+        && work.provider_id == claim.provider_id
+        && work.machine_name == claim.machine_ref.name)
+        .then_some(claim.machine_ref.uid.as_str())
+}
+
+/// The next step, from the controller's spec and the local state (pure). A claim moved to a
+/// new ByoMachine UID ([`moved_claim`]) is the same claim: it is never cleaned up for that.
 pub fn decide(spec: &ByoHostSpec, state: &HostState) -> Action {
     if let Some(c) = &state.cleanup {
         return Action::Cleanup {
@@ -221,6 +240,7 @@ pub fn decide(spec: &ByoHostSpec, state: &HostState) -> Action {
             let uid = claim.machine_ref.uid.as_str();
             if let Some(work) = &state.claim
                 && work.machine_uid != uid
+                && moved_claim(spec, state).is_none()
             {
                 return Action::Cleanup {
                     machine_uid: work.machine_uid.clone(),
@@ -419,6 +439,18 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
     /// data or its commands are not errors but a reported, recorded outcome.
     pub async fn work(&self, host: &ByoHost) -> Result<Action, WorkError> {
         let mut state = self.state.load()?;
+        if let Some(uid) = moved_claim(&host.spec, &state)
+            && let Some(work) = state.claim.as_mut()
+        {
+            tracing::info!(
+                byomachine = %work.machine_name,
+                provider_id = %work.provider_id,
+                "the claim moved to a new ByoMachine object (clusterctl move or a restore): UID {} -> {uid}; same claim, nothing to clean up",
+                work.machine_uid
+            );
+            work.machine_uid = uid.to_string();
+            self.state.save(&state)?;
+        }
         let action = decide(&host.spec, &state);
         match &action {
             Action::Available => {

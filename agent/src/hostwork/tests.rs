@@ -394,3 +394,59 @@ fn a_report_the_host_already_shows_is_skipped_and_any_difference_is_applied() {
     bare.status = None;
     assert!(!reported(&bare, phase::AVAILABLE, None, None, &ready));
 }
+
+/// A claim the controller re-keyed after `clusterctl move` (same ByoMachine name and
+/// providerID, new UID) is the same claim: no clean-up, the node stays; anything else that
+/// differs is another claim.
+#[test]
+fn a_moved_claim_is_the_same_claim() {
+    let moved = |uid: &str, provider_id: &str, release: bool| {
+        let mut c = claim(uid, release);
+        c.machine_ref.name = "m-u1".into();
+        c.provider_id = provider_id.into();
+        c
+    };
+    let bootstrapped = HostState {
+        claim: Some(work("u1", Some(Outcome::Bootstrapped))),
+        ..HostState::default()
+    };
+    let s = spec(Some(moved("u2", "byoh://h/x", false)), None);
+    assert_eq!(moved_claim(&s, &bootstrapped), Some("u2"));
+    assert_eq!(decide(&s, &bootstrapped), Action::Provisioned);
+
+    let s = spec(Some(moved("u2", "byoh://h/x", true)), None);
+    assert_eq!(
+        decide(&s, &bootstrapped),
+        Action::Cleanup {
+            machine_uid: "u2".into()
+        },
+        "a release of the moved claim cleans up that claim"
+    );
+
+    for (what, s) in [
+        (
+            "another providerID",
+            spec(Some(moved("u2", "byoh://h/y", false)), None),
+        ),
+        ("another name", spec(Some(claim("u2", false)), None)),
+    ] {
+        assert_eq!(moved_claim(&s, &bootstrapped), None, "{what}");
+        assert_eq!(
+            decide(&s, &bootstrapped),
+            Action::Cleanup {
+                machine_uid: "u1".into()
+            },
+            "{what}: the old claim's work is cleaned up"
+        );
+    }
+    let s = spec(Some(moved("u1", "byoh://h/x", false)), None);
+    assert_eq!(moved_claim(&s, &bootstrapped), None, "same UID");
+    let mut no_id = bootstrapped.clone();
+    no_id.claim.as_mut().unwrap().provider_id.clear();
+    let s = spec(Some(moved("u2", "", false)), None);
+    assert_eq!(
+        moved_claim(&s, &no_id),
+        None,
+        "no providerID proves nothing"
+    );
+}

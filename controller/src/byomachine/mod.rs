@@ -17,12 +17,18 @@
 //! 5. once the host reports `BootstrapSucceeded=True` for this ByoMachine's UID: providerID,
 //!    addresses, failure domain, `status.initialization.provisioned`, `Ready=True`.
 //!
+//! A ByoMachine that has a providerID but no host claimed for its UID was moved
+//! (`clusterctl move`, a restore): the claim carrying its providerID and name is re-keyed to its
+//! UID (`byomachine/moved.rs`); it never claims another host.
+//!
 //! Release (the ByoMachine is deleted): `spec.claim.releaseRequested` on the host (time in the
 //! host annotation `byoh.infrastructure.cluster.x-k8s.io/release-requested-at`); once the agent
 //! reports `status.cleanedMachineUID` equal to the claim's UID the claim is dropped. A host whose
 //! Lease expired, a release older than `--release-timeout`, or the force-release annotation
 //! drop the claim at once and set `spec.needsCleanup`. Then the installer config's finalizer and
-//! the ByoMachine's finalizer go. A ByoMachine whose host vanished is released at once.
+//! the ByoMachine's finalizer go. A ByoMachine whose host vanished is released at once. A
+//! ByoMachine deleted by `clusterctl move` (annotation [`labels::DELETE_FOR_MOVE`]) releases
+//! nothing: its claim lives on in the target management cluster.
 //!
 //! Triggers: the ByoMachine itself, its Machine (bootstrap data), its Cluster (provisioned,
 //! control plane initialized, paused), and every ByoHost and Lease change in its namespace
@@ -46,6 +52,7 @@ use std::time::Duration;
 
 mod claim;
 mod decommission;
+mod moved;
 mod provision;
 mod release;
 mod triggers;
@@ -224,11 +231,17 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action,
         if !bm.finalizers().iter().any(|f| f == finalizers::BYOMACHINE) {
             return Ok(Action::await_change());
         }
-        if let Some(wait) = release(&ctx, &bm, &n, &mut status).await? {
-            apply_status(&api, &bm, &status).await?;
-            return Ok(wait);
+        // Deleted by `clusterctl move` after it made the ByoMachine in the target management
+        // cluster: the host stays claimed and a node, and the claim moves with it.
+        if bm.annotations().contains_key(labels::DELETE_FOR_MOVE) {
+            tracing::info!(byomachine = %n.name, namespace = %n.ns, "deleted for clusterctl move: no release");
+        } else {
+            if let Some(wait) = release(&ctx, &bm, &n, &mut status).await? {
+                apply_status(&api, &bm, &status).await?;
+                return Ok(wait);
+            }
+            crate::installerconfig::release(&ctx, &bm).await?;
         }
-        crate::installerconfig::release(&ctx, &bm).await?;
         let object = format!("ByoMachine {}/{}", n.ns, n.name);
         ctx.claims().ready_since.remove(&n.uid);
         return finalizer(&api, finalizers::BYOMACHINE, bm, |_| async {

@@ -2,6 +2,7 @@
 //! providerID, addresses and readiness once it has bootstrapped.
 
 use super::claim::{Claimed, claim_host, find_claimed_host};
+use super::moved;
 use super::{
     WAIT_FOR_HOST_REQUEUE, apply_status, claim_blocker, machine_cached, machine_ref, mark_waiting,
     now,
@@ -36,6 +37,30 @@ pub(super) async fn provision(
 
     // Already claimed (also after a crash between claim and status write)?
     let mut host = find_claimed_host(ctx, &n).await?;
+    // A ByoMachine with a providerID has its node on the host that providerID names: keep that
+    // host (its claim moved here with `clusterctl move`), never claim another.
+    if host.is_none()
+        && let Some(pid) = bm.spec.provider_id.as_deref().filter(|p| !p.is_empty())
+    {
+        let hosts = ctx.hosts.state();
+        if let Some(h) = moved::moved_claim(&hosts, &n, pid) {
+            host = moved::rekey(ctx, h, &n, pid).await?.map(Arc::new);
+        }
+        if host.is_none() {
+            let message = format!(
+                "spec.providerID is {pid} but no ByoHost of this namespace carries that claim; a ByoMachine keeps the host of its providerID and never claims another"
+            );
+            mark_waiting(&mut status, reasons::HOST_DELETED, &message, generation);
+            conditions::Marker::new(generation, Time(now())).mark_false(
+                &mut status.conditions,
+                types::HOST_CLAIMED,
+                reasons::HOST_DELETED,
+                &message,
+            );
+            apply_status(api, bm, &status).await?;
+            return Ok(Action::requeue(WAIT_FOR_HOST_REQUEUE));
+        }
+    }
     if host.is_none() {
         if let Some(href) = status.host_ref.clone() {
             // The host we had is gone (or lost our claim).

@@ -53,10 +53,7 @@ async fn run(state: &Path) -> anyhow::Result<()> {
          hosts on the test network with the agent .deb, registered in the pool",
     );
     let bed = CapiBed::start(2, "demo").await?;
-    let c = CapiCluster {
-        bed: &bed,
-        name: CLUSTER,
-    };
+    let c = CapiCluster::new(&bed, CLUSTER);
     let ns = bed.ns.name();
     print_table(&c).await;
 
