@@ -248,10 +248,22 @@ async fn a_clone_of_a_registered_host_refuses_to_act_and_the_original_keeps_work
     assert_eq!(after.metadata.labels, before.metadata.labels);
 
     // A restart of the original matches its record and registers again.
-    original
-        .run(&["systemctl", "restart", "byoh-agent"])
-        .await
-        .unwrap();
+    if let Err(e) = original.run(&["systemctl", "restart", "byoh-agent"]).await {
+        let journal = original
+            .run(&[
+                "journalctl",
+                "-u",
+                "byoh-agent",
+                "--no-pager",
+                "-o",
+                "short-precise",
+                "-n",
+                "60",
+            ])
+            .await
+            .unwrap_or_else(|j| format!("(journal not read: {j:#})"));
+        panic!("restarting the original's agent: {e:#}\njournal of byoh-agent:\n{journal}");
+    }
     let active = original
         .run(&["systemctl", "is-active", "byoh-agent"])
         .await
