@@ -291,10 +291,9 @@ pub async fn ensure(
         let valid = embedded_certificate(&kc)
             .and_then(|c| validity(&c))
             .is_some_and(|(_, after)| after > SystemTime::now());
-        let moved = read_kubeconfig(bootstrap)
-            .ok()
-            .filter(|b| names_another_cluster(&kc, b, bootstrap));
-        if valid && moved.is_none() {
+        let moved =
+            read_kubeconfig(bootstrap).is_ok_and(|b| names_another_cluster(&kc, &b, bootstrap));
+        if valid && !moved {
             return client_from(kc, &paths.kubeconfig).await;
         }
         if valid {
