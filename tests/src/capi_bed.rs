@@ -9,13 +9,15 @@
 
 use crate::agent::{repo_root, snapshot};
 use crate::apt_repo::{self, GpgKey};
-use crate::control_plane::{PrivateControlPlane, TestNamespace};
+use crate::control_plane::PrivateControlPlane;
 use crate::controller::ControllerProcess;
 use crate::hosts::{BootOptions, Host, NETWORK_GATEWAY};
 use crate::http::{FileServer, TestCa};
 use crate::phases::Phases;
 use crate::{kubeadm, machine, manifests, pool};
 use anyhow::{Context as _, ensure};
+use byoh_api::labels;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use std::collections::BTreeMap;
@@ -108,6 +110,11 @@ impl Clusterctl {
             .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
             .env_remove("BYOH_WATCH_NAMESPACE");
         cmd
+    }
+
+    /// The clusterctl binary.
+    pub fn bin(&self) -> &Path {
+        &self.bin
     }
 
     /// The `--infrastructure` value of this release: `byoh:v<version>`.
@@ -289,8 +296,9 @@ pub struct CapiBed {
     pub mirror: PackageMirror,
     /// BYOH's controller.
     pub controller: ControllerProcess,
-    /// The namespace of the pool and the cluster.
-    pub ns: TestNamespace,
+    /// The namespace of the pool and the cluster (the control plane is the bed's own, so it
+    /// has the name the documentation uses, e.g. `byoh-pool`).
+    pub ns: String,
     /// The hosts, sorted by name.
     pub hosts: Vec<Host>,
     /// Each host's [`snapshot`] after registration, before any claim (same order).
@@ -304,7 +312,7 @@ pub struct CapiBed {
 
 impl CapiBed {
     /// Starts everything, boots `n_hosts` hosts (labels `capi-<i>`), registers them in the
-    /// pool — a new namespace named after `pool` (ByoHosts Available, host label
+    /// pool — the namespace `pool`, labelled a host pool (ByoHosts Available, host label
     /// `e2e-host=capi`) — and snapshots them.
     ///
     /// Errors when a part fails to start.
@@ -322,8 +330,20 @@ impl CapiBed {
         phases.done("images served, package mirror built and served");
         let clusterctl = Clusterctl::new()?;
         clusterctl.install_byoh(&admin).await?;
-        let ns = TestNamespace::create(&admin, pool).await?;
-        let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
+        let ns = pool.to_string();
+        let namespace = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(ns.clone()),
+                labels: Some([(labels::HOST_POOL.to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(admin.clone())
+            .create(&kube::api::PostParams::default(), &namespace)
+            .await
+            .context("the pool's namespace")?;
+        let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.as_str()).await?;
         phases.done("BYOH components + controller started");
         let hosts = boot_hosts(n_hosts).await?;
         for host in &hosts {
@@ -337,7 +357,7 @@ impl CapiBed {
         phases.done("hosts booted on the test network and prepared");
         let (server, ca_data) = as_hosts_reach_it(cp.kubeconfig())?;
         let labeled: Vec<(&Host, &str)> = hosts.iter().map(|h| (h, "capi")).collect();
-        pool::register(&admin, ns.name(), &server, &ca_data, &labeled).await?;
+        pool::register(&admin, ns.as_str(), &server, &ca_data, &labeled).await?;
         let mut snapshots = Vec::new();
         for host in &hosts {
             snapshots.push(snapshot(host).await?);
@@ -363,7 +383,7 @@ impl CapiBed {
     pub fn api(&self, group: &str, version: &str, kind: &str) -> Api<DynamicObject> {
         Api::namespaced_with(
             self.admin.clone(),
-            self.ns.name(),
+            self.ns.as_str(),
             &api_resource(group, version, kind),
         )
     }
@@ -435,7 +455,7 @@ impl CapiBed {
                 "cluster",
                 cluster,
                 "-n",
-                self.ns.name(),
+                self.ns.as_str(),
                 "--show-conditions",
                 "all",
             ])

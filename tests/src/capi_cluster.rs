@@ -46,7 +46,7 @@ impl<'a> CapiCluster<'a> {
     pub fn api(&self, group: &str, version: &str, kind: &str) -> Api<DynamicObject> {
         Api::namespaced_with(
             self.admin.clone(),
-            self.bed.ns.name(),
+            self.bed.ns.as_str(),
             &crate::capi_bed::api_resource(group, version, kind),
         )
     }
@@ -78,7 +78,7 @@ impl<'a> CapiCluster<'a> {
             "--worker-machine-count",
             "1",
             "--target-namespace",
-            bed.ns.name(),
+            bed.ns.as_str(),
         ];
         if let Some(f) = flavor {
             args.extend(["--flavor", f]);
@@ -163,7 +163,7 @@ impl<'a> CapiCluster<'a> {
     ///
     /// Errors when the Secret is not there (yet) or holds no kubeconfig.
     pub async fn workload_kubeconfig(&self) -> anyhow::Result<Vec<u8>> {
-        let secrets: Api<Secret> = Api::namespaced(self.admin.clone(), self.bed.ns.name());
+        let secrets: Api<Secret> = Api::namespaced(self.admin.clone(), self.bed.ns.as_str());
         let s = secrets.get(&format!("{}-kubeconfig", self.name)).await?;
         s.data
             .and_then(|d| d.get("value").map(|b| b.0.clone()))
@@ -172,12 +172,12 @@ impl<'a> CapiCluster<'a> {
 
     /// Our ByoMachines in the namespace.
     pub fn byomachines(&self) -> Api<ByoMachine> {
-        Api::namespaced(self.admin.clone(), self.bed.ns.name())
+        Api::namespaced(self.admin.clone(), self.bed.ns.as_str())
     }
 
     /// Our ByoHosts in the namespace.
     pub fn byohosts(&self) -> Api<ByoHost> {
-        Api::namespaced(self.admin.clone(), self.bed.ns.name())
+        Api::namespaced(self.admin.clone(), self.bed.ns.as_str())
     }
 
     /// The host a Machine's ByoMachine claimed, once it has.

@@ -1,22 +1,13 @@
-//! A second management cluster for `clusterctl move` (issue 15), and the procedure of
-//! docs/getting_started.md ("Moving to another management cluster") that makes a moved pool's
-//! hosts follow: the target's own control plane, Cluster API's managers (`tests/capi/up`),
-//! BYOH installed as `clusterctl init` installs it ([`Clusterctl::install_byoh`]) with its
-//! controller, and the pool's namespace, labelled a host pool as on the source.
+//! A second management cluster for `clusterctl move` (issue 15): the target's own control
+//! plane, Cluster API's managers (`tests/capi/up`) and BYOH installed as `clusterctl init`
+//! installs it ([`Clusterctl::install_byoh`]) with its controller. The move itself and the
+//! procedure that makes the pool's hosts follow are docs/getting_started.md's blocks ("Moving to
+//! another management cluster"), which `tests/tests/capi_e2e.rs` runs as written.
 
-use crate::capi_bed::{CapiBed, CapiManagers, Clusterctl, as_hosts_reach_it, run, tail};
+use crate::capi_bed::{CapiBed, CapiManagers, Clusterctl, tail};
 use crate::control_plane::PrivateControlPlane;
 use crate::controller::ControllerProcess;
-use crate::pool;
-use anyhow::Context as _;
-use byoh_api::{ByoHost, labels};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt as _};
-
-/// What a pool's hosts are told to re-enrol with: the value of the annotation
-/// [`labels::ALLOW_RE_ENROLMENT`] the procedure puts on each moved ByoHost.
-pub const RE_ENROLMENT_REASON: &str = "clusterctl move";
+use kube::Client;
 
 /// The target management cluster. Its parts stop when it is dropped (the controller and the
 /// managers before the control plane).
@@ -32,7 +23,9 @@ pub struct TargetManagement {
 }
 
 impl TargetManagement {
-    /// Starts everything, with the namespace of `bed`'s pool.
+    /// Starts everything, BYOH's controller watching the namespace of `bed`'s pool (which does
+    /// not exist here yet: the documented procedure creates it), as `clusterctl init` leaves a
+    /// management cluster.
     ///
     /// Errors when a part fails to start.
     pub async fn start(bed: &CapiBed) -> anyhow::Result<TargetManagement> {
@@ -40,77 +33,13 @@ impl TargetManagement {
         let admin = cp.client().await?;
         let capi = CapiManagers::start(cp.kubeconfig())?;
         bed.clusterctl.install_byoh(&admin).await?;
-        let ns = Namespace {
-            metadata: kube::api::ObjectMeta {
-                name: Some(bed.ns.name().into()),
-                labels: Some([(labels::HOST_POOL.to_string(), "true".to_string())].into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(admin.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .context("the pool's namespace on the target")?;
-        let controller = ControllerProcess::start(&admin, cp.kubeconfig(), bed.ns.name()).await?;
+        let controller = ControllerProcess::start(&admin, cp.kubeconfig(), &bed.ns).await?;
         Ok(TargetManagement {
             controller,
             capi,
             admin,
             cp,
         })
-    }
-
-    /// `clusterctl move --namespace <pool> --kubeconfig <bed's> --to-kubeconfig <this one's>`;
-    /// its output.
-    ///
-    /// Errors when clusterctl fails.
-    pub fn move_from(&self, bed: &CapiBed) -> anyhow::Result<String> {
-        let mut cmd = bed
-            .clusterctl
-            .command(&["move", "--namespace", bed.ns.name()]);
-        cmd.arg("--kubeconfig")
-            .arg(bed.cp.kubeconfig())
-            .arg("--to-kubeconfig")
-            .arg(self.cp.kubeconfig());
-        run(&mut cmd)
-    }
-
-    /// The hosts follow, as docs/getting_started.md says: each moved ByoHost may enrol once
-    /// more ([`labels::ALLOW_RE_ENROLMENT`]), a BootstrapKubeconfig of this cluster for the
-    /// hosts, written to each host's `/etc/byoh/bootstrap-kubeconfig` as Ansible would, and
-    /// `systemctl restart byoh-agent`: the agent sees a bootstrap kubeconfig of another cluster
-    /// CA and enrols with it.
-    ///
-    /// Errors when a step fails.
-    pub async fn enrol_hosts(&self, bed: &CapiBed) -> anyhow::Result<()> {
-        let ns = bed.ns.name();
-        let hosts: Api<ByoHost> = Api::namespaced(self.admin.clone(), ns);
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            labels::ALLOW_RE_ENROLMENT: RE_ENROLMENT_REASON
-        }}});
-        for h in hosts.list(&ListParams::default()).await?.items {
-            hosts
-                .patch(
-                    &h.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
-        }
-        let (server, ca) = as_hosts_reach_it(self.cp.kubeconfig())?;
-        let bootstrap = pool::bootstrap_kubeconfig(&self.admin, ns, &server, &ca).await?;
-        for host in &bed.hosts {
-            host.write_file(
-                "/etc/byoh/bootstrap-kubeconfig",
-                bootstrap.as_bytes(),
-                0o600,
-            )
-            .await?;
-            host.run(&["systemctl", "restart", "--no-block", "byoh-agent"])
-                .await?;
-        }
-        Ok(())
     }
 
     /// What a failure report needs from this side: the managers' and the controller's logs and

@@ -28,7 +28,10 @@
 //! - [`manifests`]: the generated manifests, substituted and server-side applied.
 //! - [`capi_bed`]: a site driven by Cluster API's own managers (issue 15): a management control
 //!   plane, the managers, an image registry, a package mirror, hosts on the test network
-//!   registered with the packaged agent; [`capi_cluster`]: its cluster as Cluster API reports it.
+//!   registered with the packaged agent; [`capi_cluster`]: its cluster as Cluster API reports it;
+//!   [`capi_move`]: a second management cluster to move it to; [`capi_page`]: the
+//!   getting-started page's Cluster API steps run on it.
+//! - [`doc_blocks`]: the documentation's code blocks, run as written from a workstation shell.
 //!
 //! Tests that need these parts skip with a clear message when run outside `make test`
 //! (`BYOH_TEST_REQUIRE_ALL` unset); under `make test` a missing part is a failure.
@@ -40,8 +43,10 @@ pub mod bench;
 pub mod capi_bed;
 pub mod capi_cluster;
 pub mod capi_move;
+pub mod capi_page;
 pub mod control_plane;
 pub mod controller;
+pub mod doc_blocks;
 pub mod failpoint;
 pub mod gpg;
 pub mod hosts;

@@ -4,7 +4,11 @@
 //! run the packaged agent. KCP's first control-plane Machine takes a BYOH host, whose agent runs
 //! CABPK's `kubeadm init` cloud-config; the workload API server answers at the cluster's
 //! `CONTROL_PLANE_ENDPOINT_IP:6443`; the MachineDeployment's worker joins with CABPK's join data.
-//! Every step is asserted on what Cluster API reports.
+//! Every step is asserted on what Cluster API reports. docs/getting_started.md's Cluster API
+//! steps (its `sh test-capi*` blocks: `kubectl apply` of the generated cluster and the waits for
+//! it, the move to another management cluster and the hosts' following) are run as written at
+//! the points of the scenario they describe ([`Page`]); the cluster is the page's `demo` in
+//! `byoh-pool`; a block left unrun fails the test.
 //!
 //! The site (docs/e2e.md): a management control plane of the test's own; three hosts on the
 //! test network (`tests/hosts/boot --network --containers`: an address and ports of their own,
@@ -42,10 +46,11 @@
 //! on the same hosts: created, Available with the same checks. Then `clusterctl move` of that
 //! running cluster to a second management cluster ([`TargetManagement`]): nothing of the
 //! namespace left on the source, every ByoHost on the target with the same claims; the hosts
-//! follow by the documented procedure (each ByoHost allowed one enrolment, the target's
-//! bootstrap kubeconfig on every host, the agent restarted); the Cluster Available there on the
-//! same Nodes (names and UIDs), each claim re-keyed to the ByoMachine the move created; scaled
-//! 1 -> 2 workers there (the free host joins); deleted there the same way.
+//! follow by the page's procedure (each ByoHost allowed one enrolment, the target's bootstrap
+//! kubeconfig on every host, the agent restarted); the Cluster Available there on the same Nodes
+//! (names and UIDs), each claim re-keyed to the ByoMachine the move created; the source keeps no
+//! Lease or BootstrapKubeconfig of the pool after the page's clean-up; scaled 1 -> 2 workers
+//! there (the free host joins); deleted there the same way.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
 //! journals and the objects' states. Each phase's duration is printed at the end.
@@ -54,11 +59,14 @@
 
 use anyhow::{Context as _, ensure};
 use byoh_tests::agent::wait_for;
-use byoh_tests::capi_bed::{CapiBed, KUBERNETES_VERSION};
+use byoh_tests::capi_bed::{CapiBed, KUBERNETES_VERSION, as_hosts_reach_it};
 use byoh_tests::capi_cluster::{CapiCluster, condition_true, node_ready, skip_system_verification};
 use byoh_tests::capi_move::TargetManagement;
+use byoh_tests::capi_page::Page;
+use byoh_tests::doc_blocks;
 use byoh_tests::hosts;
 use byoh_tests::manifests::apply_yaml;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::ResourceExt;
@@ -70,37 +78,70 @@ use std::time::Duration;
 fn endpoint_ip() -> String {
     format!("198.18.0.{}", 200 + std::process::id() % 55)
 }
-/// The name of the cluster.
-const CLUSTER: &str = "capi-e2e";
+/// The namespace of the pool and the clusters, as in docs/getting_started.md.
+const POOL: &str = "byoh-pool";
+/// The name of the cluster, as in docs/getting_started.md.
+const CLUSTER: &str = "demo";
 /// The name of the cluster made from the ClusterClass (`--flavor topology`) after the first
-/// one is deleted.
-const TOPOLOGY_CLUSTER: &str = "capi-e2e-cc";
+/// one is deleted, as in docs/getting_started.md.
+const TOPOLOGY_CLUSTER: &str = "demo2";
 /// How long a paused cluster is watched for a claim or a release that must not happen.
 const PAUSE_WINDOW: Duration = Duration::from_secs(20);
 
 /// Applies the cluster generated with `flavor` (the default one when `None`) and follows it
-/// until Cluster API reports it Available.
-async fn create(c: &CapiCluster<'_>, flavor: Option<&str>) -> anyhow::Result<()> {
+/// until Cluster API reports it Available. With `page`, the cluster is `<name>.yaml` in its
+/// work folder, created and watched by the page's blocks.
+async fn create(
+    c: &CapiCluster<'_>,
+    flavor: Option<&str>,
+    mut page: Option<&mut Page>,
+) -> anyhow::Result<()> {
     let bed = c.bed;
     let yaml = c.generate(flavor, &endpoint_ip())?;
     ensure!(!yaml.contains("${"), "unsubstituted variable in:\n{yaml}");
     let yaml = skip_system_verification(&yaml)?;
-    apply_yaml(&bed.admin, &yaml, false).await?;
-    bed.phases.done(&format!(
-        "{}: generated ({} flavor) and applied as generated",
-        c.name,
-        flavor.unwrap_or("default")
-    ));
-
-    // KCP creates the first control-plane Machine; our controller gives it a host.
-    let (cp_machine, cp_host_name) = c
-        .control_plane_host(&endpoint_ip(), Duration::from_secs(180))
-        .await?;
+    // KCP creates the first control-plane Machine; our controller gives it a host, on which
+    // the test stands in for kube-vip meanwhile.
+    let endpoint = endpoint_ip();
+    let claimed = c.control_plane_host(&endpoint, Duration::from_secs(180));
+    let (cp_machine, cp_host_name) = match page.as_deref_mut() {
+        Some(page) => {
+            // The page's `kubectl apply`, waiting for the control plane to be initialized.
+            let file = format!("{}.yaml", c.name);
+            std::fs::write(page.ws.dir.join(&file), &yaml)?;
+            let block = page
+                .script
+                .next(doc_blocks::TEST_CAPI, &format!("kubectl apply -f {file}"))?;
+            eprintln!("--- {}:{}\n{}", block.page, block.line, block.text);
+            let ws = page.ws.clone();
+            let applied = tokio::task::spawn_blocking(move || ws.run(&block));
+            let (claimed, applied) = tokio::join!(claimed, applied);
+            eprintln!("{}", applied??);
+            let (m, h) = claimed?;
+            bed.phases.done(&format!(
+                "{}: applied by getting_started.md; control-plane Machine {} claimed {h}; \
+                 ControlPlaneInitialized; kubeconfig fetched",
+                c.name,
+                m.name_any()
+            ));
+            (m, h)
+        }
+        None => {
+            apply_yaml(&bed.admin, &yaml, false).await?;
+            bed.phases.done(&format!(
+                "{}: generated ({} flavor) and applied as generated",
+                c.name,
+                flavor.unwrap_or("default")
+            ));
+            let (m, h) = claimed.await?;
+            bed.phases.done(&format!(
+                "control-plane Machine {} claimed {h}",
+                m.name_any()
+            ));
+            (m, h)
+        }
+    };
     let cp_host = bed.host(&cp_host_name)?;
-    bed.phases.done(&format!(
-        "control-plane Machine {} claimed {cp_host_name}",
-        cp_machine.name_any()
-    ));
 
     // CABPK's init data runs on the host: the workload API server answers at the endpoint.
     let (workload, server, version) = wait_for(
@@ -179,7 +220,13 @@ async fn create(c: &CapiCluster<'_>, flavor: Option<&str>) -> anyhow::Result<()>
     c.wait_available(Duration::from_secs(300)).await?;
     bed.phases
         .done("Cluster Available (Cluster API's conditions)");
-    eprintln!("{}", bed.describe(c.name)?);
+    match page {
+        // The page's wait for Available, `clusterctl describe cluster`, and the pool.
+        Some(page) => {
+            page.run("--for=condition=Available")?;
+        }
+        None => eprintln!("{}", bed.describe(c.name)?),
+    }
     let claimed = c.claimed_hosts().await?;
     ensure!(claimed.len() == 2, "claimed ByoHosts {claimed:?}, want 2");
     for h in &claimed {
@@ -282,7 +329,7 @@ async fn rollout(c: &CapiCluster<'_>, old: &str, free: &str) -> anyhow::Result<(
     let copy = serde_json::json!({
         "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
         "kind": "KubeadmConfigTemplate",
-        "metadata": {"name": copy_name, "namespace": bed.ns.name()},
+        "metadata": {"name": copy_name, "namespace": bed.ns.as_str()},
         "spec": md0.data["spec"],
     });
     apply_yaml(&bed.admin, &serde_json::to_string(&copy)?, false).await?;
@@ -479,8 +526,8 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         .await?
         .items;
     ensure!(bcs.is_empty(), "ByoClusters left: {bcs:?}");
-    let secrets: Api<Secret> = Api::namespaced(c.admin.clone(), bed.ns.name());
-    let roles: Api<Role> = Api::namespaced(c.admin.clone(), bed.ns.name());
+    let secrets: Api<Secret> = Api::namespaced(c.admin.clone(), bed.ns.as_str());
+    let roles: Api<Role> = Api::namespaced(c.admin.clone(), bed.ns.as_str());
     for host in &bed.hosts {
         let role = roles
             .get(&format!("byoh-host-{}", host.name()))
@@ -522,12 +569,14 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
 }
 
 /// `clusterctl move` of the running cluster `c` (its namespace: the cluster, its objects and
-/// the pool's ByoHosts) to a second management cluster, the hosts following by the documented
-/// procedure; then the cluster is Available there on the same Nodes and scales 1 -> 2 workers.
-/// Returns the cluster as the target holds it.
+/// the pool's ByoHosts) to a second management cluster, the move and the hosts following by the
+/// page's blocks; then the cluster is Available there on the same Nodes, the source keeps
+/// nothing of the pool, and the cluster scales 1 -> 2 workers. Returns the cluster as the target
+/// holds it.
 async fn move_cluster<'a>(
     c: &CapiCluster<'a>,
     target: &TargetManagement,
+    page: &mut Page,
 ) -> anyhow::Result<CapiCluster<'a>> {
     let bed = c.bed;
     let (workload, _) = c.workload().await?;
@@ -555,7 +604,8 @@ async fn move_cluster<'a>(
     };
     let claims_before = claims(c.byohosts().list(&ListParams::default()).await?.items);
 
-    let out = target.move_from(bed)?;
+    page.run("create namespace byoh-pool")?;
+    let out = page.run("clusterctl move --namespace byoh-pool")?;
     bed.phases.done(&format!(
         "{}: clusterctl move to a second management cluster",
         c.name
@@ -582,7 +632,28 @@ async fn move_cluster<'a>(
         "the ByoHosts and their claims on the target {claims_moved:?}, on the source {claims_before:?}"
     );
 
-    target.enrol_hosts(bed).await?;
+    // The hosts follow: a bootstrap kubeconfig of the target on each, the agent restarted.
+    // They reach the target's API server through their network's gateway, not at the
+    // workstation's address: the test sets API_SERVER, as the page says to.
+    let block = page
+        .script
+        .next(doc_blocks::STAND_IN_CAPI, "export API_SERVER=")?;
+    let (server, _) = as_hosts_reach_it(target.cp.kubeconfig())?;
+    page.ws.run(&doc_blocks::Block {
+        text: format!("export API_SERVER='{server}'\n"),
+        ..block
+    })?;
+    page.run("allow-re-enrolment")?;
+    page.script
+        .next(doc_blocks::STAND_IN_CAPI, "scp bootstrap-kubeconfig")?;
+    for host in &bed.hosts {
+        let file = page.ws.dir.join("bootstrap-kubeconfig");
+        host.copy_in(&file, "/root/bootstrap-kubeconfig", 0o600)
+            .await?;
+    }
+    page.run_on_hosts(bed, "systemctl restart byoh-agent")
+        .await?;
+    page.run("wait machines --all --for=condition=Ready")?;
     moved.wait_available(Duration::from_secs(600)).await?;
     let workers = moved.wait_workers(1, Duration::from_secs(300)).await?;
     // The hosts kept their nodes: the same Nodes (names and UIDs: none joined again), the same
@@ -632,6 +703,26 @@ async fn move_cluster<'a>(
         workers.join(", ")
     ));
 
+    // The source keeps nothing of the pool once the page's clean-up ran: no Lease of its hosts,
+    // no BootstrapKubeconfig (whose token goes with it).
+    page.run("delete bootstrapkubeconfig pool")?;
+    let leases: Api<Lease> = Api::namespaced(bed.admin.clone(), "byoh-system");
+    let left: Vec<String> = leases
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|l| l.name_any())
+        .filter(|n| n.starts_with(&format!("{POOL}.")))
+        .collect();
+    let bks: Api<byoh_api::BootstrapKubeconfig> = Api::namespaced(bed.admin.clone(), POOL);
+    let bks = bks.list(&ListParams::default()).await?.items;
+    ensure!(
+        left.is_empty() && bks.is_empty(),
+        "the source keeps the pool's Leases {left:?} and {} BootstrapKubeconfig(s)",
+        bks.len()
+    );
+
     // Cluster API on the target drives the hosts: the topology's workers 1 -> 2 take the
     // free host.
     moved
@@ -657,8 +748,9 @@ async fn move_cluster<'a>(
 }
 
 async fn scenario(bed: &CapiBed, target: &mut Option<TargetManagement>) -> anyhow::Result<()> {
+    let mut page = Page::new(bed)?;
     let c = CapiCluster::new(bed, CLUSTER);
-    create(&c, None).await?;
+    create(&c, None, Some(&mut page)).await?;
     let workers = scale_up_while_paused(&c).await?;
     let worker = scale_down(&c, &workers).await?;
     let claimed = c.claimed_hosts().await?;
@@ -676,13 +768,19 @@ async fn scenario(bed: &CapiBed, target: &mut Option<TargetManagement>) -> anyho
     // controller makes the KubeadmControlPlane, MachineDeployment and templates from the
     // ClusterClass `clusterctl generate` adds; the cluster works and goes the same way.
     let topology = CapiCluster::new(bed, TOPOLOGY_CLUSTER);
-    create(&topology, Some("topology")).await?;
+    create(&topology, Some("topology"), None).await?;
     // Moved to a second management cluster, it is deleted there.
+    page.script.next(
+        doc_blocks::STAND_IN_CAPI,
+        "clusterctl init --kubeconfig target.kubeconfig",
+    )?;
     let t = target.insert(TargetManagement::start(bed).await?);
+    std::fs::copy(t.cp.kubeconfig(), page.ws.dir.join("target.kubeconfig"))?;
     bed.phases
         .done("second management cluster up (control plane, Cluster API managers, BYOH)");
-    let moved = move_cluster(&topology, t).await?;
-    delete(&moved).await
+    let moved = move_cluster(&topology, t, &mut page).await?;
+    delete(&moved).await?;
+    page.script.finish()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -690,14 +788,14 @@ async fn cluster_api_makes_scales_and_deletes_a_cluster_on_byoh_hosts() {
     if !hosts::available() {
         return;
     }
-    let bed = CapiBed::start(3, "capi-e2e").await.unwrap();
+    let bed = CapiBed::start(3, POOL).await.unwrap();
     let mut target = None;
     let result = scenario(&bed, &mut target).await;
     if let Err(e) = &result {
         if let Some(t) = &target {
             eprintln!(
                 "{}",
-                t.diagnostics(&bed.clusterctl, bed.ns.name(), TOPOLOGY_CLUSTER)
+                t.diagnostics(&bed.clusterctl, bed.ns.as_str(), TOPOLOGY_CLUSTER)
             );
         }
         // The cluster the failing step worked on: the ClusterClass one once it exists.

@@ -10,15 +10,20 @@
 //! - `sh stand-in`: not run; the test does the equivalent: for `clusterctl init` (needs the
 //!   internet for the core providers, and Pods) it applies the provider components that the
 //!   page generated and runs `byoh-controller` as a process; for `scp FILES... HOST:` it copies
-//!   the files from the work folder to the host's `/root`.
+//!   the files from the work folder to the host's `/root`;
+//! - `sh test-capi`, `sh test-capi-host`, `sh stand-in-capi` (getting_started.md only): skipped
+//!   here; `tests/tests/capi_e2e.rs` runs them on its Cluster API bed (a cluster created,
+//!   watched and moved to another management cluster), which this bed is not.
 //!
 //! So the page is proven from an empty namespace to a registered host and a cluster manifest
-//! that the API server accepts (dry run). `make test` builds `dist/` before this test.
+//! that the API server accepts (dry run). `make test` builds `dist/` before this test. The
+//! blocks and the workstation are [`byoh_tests::doc_blocks`]'.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_tests::agent::repo_root;
 use byoh_tests::control_plane;
+use byoh_tests::doc_blocks::{self, Block, Workstation};
 use byoh_tests::hosts::{self, Host};
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -34,59 +39,6 @@ const PAGES: [&str; 4] = [
     "docs/release.md",
     "docs/security.md",
 ];
-
-/// A fenced code block: its page, info string, text and the line of its opening fence
-/// (1-based).
-#[derive(Debug)]
-struct Block {
-    page: String,
-    info: String,
-    text: String,
-    line: usize,
-}
-
-/// The fenced (```) blocks of a Markdown document, in order.
-fn fenced_blocks(page: &str, md: &str) -> Vec<Block> {
-    let mut out = Vec::new();
-    let mut open: Option<Block> = None;
-    for (i, line) in md.lines().enumerate() {
-        let trimmed = line.trim_start();
-        match open.as_mut() {
-            None => {
-                if let Some(info) = trimmed.strip_prefix("```") {
-                    open = Some(Block {
-                        page: page.to_string(),
-                        info: info.trim().to_string(),
-                        text: String::new(),
-                        line: i + 1,
-                    });
-                }
-            }
-            Some(block) => {
-                if trimmed.starts_with("```") {
-                    out.push(open.take().unwrap());
-                } else {
-                    block.text.push_str(line);
-                    block.text.push('\n');
-                }
-            }
-        }
-    }
-    assert!(open.is_none(), "unclosed code block");
-    out
-}
-
-#[test]
-fn fenced_blocks_are_found_with_their_info_strings() {
-    let md = "text\n```sh test\na\nb\n```\n\n```yaml\nk: v\n```\n";
-    let blocks = fenced_blocks("t.md", md);
-    assert_eq!(blocks.len(), 2);
-    assert_eq!(
-        (blocks[0].info.as_str(), blocks[0].text.as_str()),
-        ("sh test", "a\nb\n")
-    );
-    assert_eq!((blocks[1].info.as_str(), blocks[1].line), ("yaml", 7));
-}
 
 fn first_line(cmd: &mut Command) -> PathBuf {
     let out = cmd.output().unwrap();
@@ -125,50 +77,6 @@ impl Drop for Controller {
     }
 }
 
-struct Workstation {
-    dir: PathBuf,
-    path: String,
-    kubeconfig: PathBuf,
-}
-
-impl Workstation {
-    fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new(program);
-        cmd.current_dir(&self.dir)
-            .env("PATH", &self.path)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HOME", self.dir.join("home"))
-            .env("XDG_CONFIG_HOME", self.dir.join("home/.config"))
-            .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true");
-        cmd
-    }
-
-    /// Runs a block in bash; exported variables carry over to the next block.
-    fn run(&self, block: &Block) -> String {
-        let script = format!(
-            "set -euo pipefail\nset -a\n[[ -f .doc-env ]] && source ./.doc-env\nset +a\n{}\nexport -p > .doc-env\n",
-            block.text
-        );
-        let out = self
-            .command("bash")
-            .arg("-c")
-            .arg(&script)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{}:{} failed ({}):\n{}\nstdout:\n{stdout}\nstderr:\n{}",
-            block.page,
-            block.line,
-            out.status,
-            block.text,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn getting_started_works_as_written() {
     let deb = repo_root()
@@ -186,10 +94,13 @@ async fn getting_started_works_as_written() {
         return;
     }
     let root = repo_root();
-    let runnable = |b: &&Block| b.info.starts_with("sh test") || b.info == "sh stand-in";
+    let runnable = |b: &&Block| doc_blocks::is_marked(&b.info);
     let blocks: Vec<Block> = PAGES
         .iter()
-        .flat_map(|page| fenced_blocks(page, &std::fs::read_to_string(root.join(page)).unwrap()))
+        .flat_map(|page| {
+            doc_blocks::fenced_blocks(page, &std::fs::read_to_string(root.join(page)).unwrap())
+                .unwrap()
+        })
         .collect();
     assert!(
         blocks
@@ -217,7 +128,8 @@ async fn getting_started_works_as_written() {
             continue;
         }
         let md = std::fs::read_to_string(root.join(page)).unwrap();
-        let marked: Vec<usize> = fenced_blocks(page, &md)
+        let marked: Vec<usize> = doc_blocks::fenced_blocks(page, &md)
+            .unwrap()
             .iter()
             .filter(runnable)
             .map(|b| b.line)
@@ -231,7 +143,7 @@ async fn getting_started_works_as_written() {
     // The operator's workstation: a release, kubectl, clusterctl.
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("work");
-    std::fs::create_dir_all(dir.join("home")).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
     check(
         Command::new(root.join("packaging/release"))
             .args([VERSION, "--no-build", "--out"])
@@ -240,16 +152,12 @@ async fn getting_started_works_as_written() {
     let kube_bin = first_line(&mut Command::new(root.join("tests/control-plane/build")));
     let clusterctl = first_line(Command::new(root.join("tests/capi/build")).arg("clusterctl"))
         .join("clusterctl");
-    let ws = Workstation {
-        path: format!(
-            "{}:{}:{}",
-            kube_bin.display(),
-            clusterctl.parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
-        ),
-        kubeconfig: control_plane::kubeconfig_path().unwrap(),
-        dir: dir.clone(),
-    };
+    let ws = Workstation::new(
+        &dir,
+        &[&kube_bin, clusterctl.parent().unwrap()],
+        &control_plane::kubeconfig_path().unwrap(),
+    )
+    .unwrap();
     check(Command::new("cargo").args(["build", "--quiet", "-p", "byoh-controller"]));
     let controller_bin = root.join("target/debug/byoh-controller");
 
@@ -257,6 +165,22 @@ async fn getting_started_works_as_written() {
     let mut controller: Option<Controller> = None;
     let mut ran = 0;
     for block in blocks.iter().filter(runnable) {
+        if [
+            doc_blocks::TEST_CAPI,
+            doc_blocks::TEST_CAPI_HOST,
+            doc_blocks::STAND_IN_CAPI,
+        ]
+        .contains(&block.info.as_str())
+        {
+            // Run on the Cluster API bed by capi_e2e.rs, which reads getting_started.md only
+            // and checks it runs them all.
+            assert_eq!(
+                block.page, "docs/getting_started.md",
+                "line {}: capi_e2e.rs runs no `{}` block of this page",
+                block.line, block.info
+            );
+            continue;
+        }
         let _ = writeln!(
             std::io::stderr(),
             "--- {}:{} ({})\n{}",
@@ -266,25 +190,14 @@ async fn getting_started_works_as_written() {
             block.text
         );
         match block.info.as_str() {
-            "sh test" => {
-                let out = ws.run(block);
+            doc_blocks::TEST => {
+                let out = ws.run(block).unwrap();
                 let _ = writeln!(std::io::stderr(), "{out}");
             }
-            "sh test-host" => {
-                let script = format!("set -euo pipefail\ncd /root\n{}", block.text);
-                let out = host.exec(&["bash", "-c", &script]).await.unwrap();
-                assert!(
-                    out.success(),
-                    "{}:{} failed in the host ({}):\n{}\nstdout:\n{}\nstderr:\n{}",
-                    block.page,
-                    block.line,
-                    out.status,
-                    block.text,
-                    out.stdout,
-                    out.stderr
-                );
+            doc_blocks::TEST_HOST => {
+                doc_blocks::run_on_host(&host, block).await.unwrap();
             }
-            "sh stand-in" if block.text.contains("clusterctl init") => {
+            doc_blocks::STAND_IN if block.text.contains("clusterctl init") => {
                 // What `clusterctl init --infrastructure byoh` installs for BYOH, from the file
                 // the page generated; the controller as a process (no Pods here).
                 check(ws.command("kubectl").args([
@@ -303,7 +216,7 @@ async fn getting_started_works_as_written() {
                     .unwrap();
                 controller = Some(Controller(child));
             }
-            "sh stand-in" if block.text.trim_start().starts_with("scp ") => {
+            doc_blocks::STAND_IN if block.text.trim_start().starts_with("scp ") => {
                 let words: Vec<&str> = block.text.split_whitespace().collect();
                 for file in &words[1..words.len() - 1] {
                     host.copy_in(&dir.join(file), &format!("/root/{file}"), 0o600)

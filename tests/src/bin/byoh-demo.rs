@@ -52,9 +52,9 @@ async fn run(state: &Path) -> anyhow::Result<()> {
          bootstrap, kubeadm control plane), BYOH's components and controller; two Debian 12 \
          hosts on the test network with the agent .deb, registered in the pool",
     );
-    let bed = CapiBed::start(2, "demo").await?;
+    let bed = CapiBed::start(2, "byoh-pool").await?;
     let c = CapiCluster::new(&bed, CLUSTER);
-    let ns = bed.ns.name();
+    let ns = bed.ns.as_str();
     print_table(&c).await;
 
     say(&format!(
