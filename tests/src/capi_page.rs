@@ -34,14 +34,7 @@ impl Page {
         let clusterctl_bin = bed.clusterctl.bin().parent().context("clusterctl's dir")?;
         Ok(Page {
             ws: Workstation::new(dir.path(), &[kube_bin, clusterctl_bin], bed.cp.kubeconfig())?,
-            script: PageScript::new(
-                PAGE,
-                &[
-                    doc_blocks::TEST_CAPI,
-                    doc_blocks::TEST_CAPI_HOST,
-                    doc_blocks::STAND_IN_CAPI,
-                ],
-            )?,
+            script: PageScript::new(PAGE, &doc_blocks::CAPI)?,
             _dir: dir,
         })
     }

@@ -31,6 +31,8 @@ pub const TEST_CAPI: &str = "sh test-capi";
 pub const TEST_CAPI_HOST: &str = "sh test-capi-host";
 /// Stood in for by `capi_e2e.rs`.
 pub const STAND_IN_CAPI: &str = "sh stand-in-capi";
+/// Every info string `capi_e2e.rs` takes (getting_started.md only).
+pub const CAPI: [&str; 3] = [TEST_CAPI, TEST_CAPI_HOST, STAND_IN_CAPI];
 
 /// Whether a block is marked for a test (run or stood in for) by its info string.
 pub fn is_marked(info: &str) -> bool {

@@ -17,7 +17,7 @@
 //!
 //! So the page is proven from an empty namespace to a registered host and a cluster manifest
 //! that the API server accepts (dry run). `make test` builds `dist/` before this test. The
-//! blocks and the workstation are [`byoh_tests::doc_blocks`]'.
+//! blocks and the workstation are [`byoh_tests::doc_blocks`]'s.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -165,13 +165,7 @@ async fn getting_started_works_as_written() {
     let mut controller: Option<Controller> = None;
     let mut ran = 0;
     for block in blocks.iter().filter(runnable) {
-        if [
-            doc_blocks::TEST_CAPI,
-            doc_blocks::TEST_CAPI_HOST,
-            doc_blocks::STAND_IN_CAPI,
-        ]
-        .contains(&block.info.as_str())
-        {
+        if doc_blocks::CAPI.contains(&block.info.as_str()) {
             // Run on the Cluster API bed by capi_e2e.rs, which reads getting_started.md only
             // and checks it runs them all.
             assert_eq!(
