@@ -162,6 +162,13 @@ pub struct ClaimWork {
     /// a record of an agent that did not keep it (then those two checks are skipped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_before: Option<NetworkSnapshot>,
+    /// The IDs of the containers in containerd's `k8s.io` namespace when the claim began
+    /// (`ctr -n k8s.io containers ls -q`, else `crictl ps -a -q`; empty when neither tool was on
+    /// the host, so there was no containerd to hold any), so that the clean-up's `verify`
+    /// removes only those the claim's kubelet made; `None` when they could not be listed, or in
+    /// a record of an agent that did not keep it (then none is removed, and each is reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers_before: Option<Vec<String>>,
     /// The host of the Cluster's control-plane endpoint when the claim began
     /// (`spec.claim.controlPlaneEndpoint.host`): if the claim added this address to one of the
     /// host's interfaces (kube-vip's virtual IP), the clean-up removes it.
@@ -406,6 +413,7 @@ mod tests {
             outcome: None,
             preexisting_dirs: vec![],
             network_before: None,
+            containers_before: None,
             control_plane_endpoint: None,
             host_changes: Default::default(),
         }

@@ -588,6 +588,7 @@ mod tests {
                 outcome,
                 preexisting_dirs: vec![],
                 network_before: None,
+                containers_before: None,
                 control_plane_endpoint: None,
                 host_changes: Default::default(),
             }),

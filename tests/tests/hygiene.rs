@@ -522,10 +522,11 @@ async fn a_host_left_unclean_after_the_clean_up_is_quarantined_until_it_is_clean
 
 /// Bootstrap data that leaves what a claim's networking leaves: kube-vip's control-plane
 /// endpoint on the NIC and a CNI bridge (as the bridge plugin's and flannel's cni0), both
-/// removed by the agent; a KUBE-* chain of kube-proxy with a jump to it (removed by the agent);
-/// a pod's veth peer whose namespace is gone, another address and a container in containerd's
-/// `k8s.io` namespace (without an image: a rootfs), which the agent names and leaves; and an
-/// interface of another program (`virbr7`), which the agent leaves alone.
+/// removed by the agent; a KUBE-* chain of kube-proxy with a jump to it and a container in
+/// containerd's `k8s.io` namespace (without an image: a rootfs), as `kubeadm reset` leaves them
+/// (removed by the agent); a pod's veth peer whose namespace is gone and another address, which
+/// the agent names and leaves; and an interface of another program (`virbr7`), which the agent
+/// leaves alone.
 const NETWORK_DATA: &str = "#cloud-config
 runcmd:
 - ip addr add 198.18.0.250/32 dev host0
@@ -597,6 +598,14 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
             .await
             .unwrap();
     }
+    // The same for a container that was there before the claim.
+    host.run(&[
+        "sh",
+        "-c",
+        "mkdir -p /srv/before && ctr -n k8s.io containers create --rootfs /srv/before byoh-test-before",
+    ])
+    .await
+    .unwrap();
     // The Cluster's endpoint is 198.18.0.250 (the claim carries it, as the controller copies
     // it from the Cluster): the agent removes that address, not the other one.
     claim_for_cluster(
@@ -681,10 +690,19 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
             "{log}"
         );
     }
+    // The container the claim created is removed by the agent, as containerd lists; the older
+    // one stays, not named.
+    assert!(!m.contains("containers are left"), "{m}");
+    let containers = host
+        .run(&["ctr", "-n", "k8s.io", "containers", "ls", "-q"])
+        .await
+        .unwrap();
+    assert_eq!(containers.trim(), "byoh-test-before", "{containers}");
     assert!(
-        m.contains("containers are left in containerd's k8s.io namespace: byoh-test-left")
-            && m.contains("ctr -n k8s.io containers rm ID"),
-        "{m}"
+        log.contains(
+            "removed container byoh-test-left of containerd's k8s.io namespace, which the claim created"
+        ),
+        "{log}"
     );
     let status = status_of(&hosts, &name).await;
     assert_eq!(status.phase.as_deref(), Some("CleaningUp"));
@@ -695,9 +713,6 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
         .await
         .unwrap();
     host.run(&["ip", "link", "delete", "vethbyoh0"])
-        .await
-        .unwrap();
-    host.run(&["ctr", "-n", "k8s.io", "containers", "rm", "byoh-test-left"])
         .await
         .unwrap();
     wait_cleaned(&hosts, &name, "uid-net-0001", 90).await;

@@ -40,6 +40,12 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 )
                 .await;
             }
+            let containers_before = super::probe::containers_before_claim(
+                &self.settings.root,
+                &self.runner,
+                &self.settings.state_dir,
+            )
+            .await;
             state.claim = Some(ClaimWork {
                 machine_uid: claim.machine_ref.uid.clone(),
                 machine_name: machine.clone(),
@@ -56,6 +62,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .map(PathBuf::from)
                     .collect(),
                 network_before,
+                containers_before,
                 control_plane_endpoint: claim
                     .control_plane_endpoint
                     .as_ref()

@@ -315,6 +315,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .map(|w| w.preexisting_dirs.clone())
                     .unwrap_or_default();
                 let network_before = state.claim.as_ref().and_then(|w| w.network_before.clone());
+                let containers_before = state
+                    .claim
+                    .as_ref()
+                    .and_then(|w| w.containers_before.clone());
                 let endpoint = state
                     .claim
                     .as_ref()
@@ -327,6 +331,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     let claim = super::verify::Claim {
                         preexisting_dirs: &preexisting,
                         network_before: network_before.as_ref(),
+                        containers_before: containers_before.as_deref(),
                         control_plane_endpoint: endpoint.as_deref(),
                         scratch: &me.settings.state_dir,
                     };

@@ -422,6 +422,15 @@ pub fn nft_leftovers(
     left
 }
 
+/// The containers of `now` that were not there when the claim began (`before`; every one when
+/// that was not recorded), in `now`'s order.
+pub fn claim_containers(before: Option<&[String]>, now: &[String]) -> Vec<String> {
+    now.iter()
+        .filter(|id| before.is_none_or(|b| !b.contains(id)))
+        .cloned()
+        .collect()
+}
+
 /// One line naming the containers left in containerd's `k8s.io` namespace, with their removal.
 pub fn container_leftovers(tool: ContainerTool, ids: &[String]) -> Vec<String> {
     if ids.is_empty() {
@@ -441,8 +450,13 @@ pub fn container_leftovers(tool: ContainerTool, ids: &[String]) -> Vec<String> {
 
 /// Everything [`HostNow`] shows left by the claim, given the network when it began (`None`:
 /// not recorded, so no interface or address is reported; KUBE-/CNI- chains are reported when
-/// they were not there before the claim, or all of them when that was not recorded).
-pub fn decide(before: Option<&NetworkSnapshot>, now: &HostNow) -> Vec<String> {
+/// they were not there before the claim, or all of them when that was not recorded) and the
+/// containers of containerd's `k8s.io` namespace then (the same: those not there before, or all).
+pub fn decide(
+    before: Option<&NetworkSnapshot>,
+    containers_before: Option<&[String]>,
+    now: &HostNow,
+) -> Vec<String> {
     let mut left = Vec::new();
     if let (Some(b), Some(n)) = (before, &now.network) {
         left.extend(network_leftovers(b, n));
@@ -468,7 +482,10 @@ pub fn decide(before: Option<&NetworkSnapshot>, now: &HostNow) -> Vec<String> {
         left.extend(nft_leftovers(chains, &already));
     }
     if let Some((tool, ids)) = &now.containers {
-        left.extend(container_leftovers(*tool, ids));
+        left.extend(container_leftovers(
+            *tool,
+            &claim_containers(containers_before, ids),
+        ));
     }
     left
 }

@@ -5,7 +5,8 @@
 //! (or `crictl ps -a -q`) when those tools exist. A tool that is missing or fails is skipped
 //! (logged): its absence is not a leftover. It also removes the KUBE-/CNI- iptables chains the
 //! claim created ([`remove_claim_chains`]): the kubelet's own (`KUBE-FIREWALL`,
-//! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) and kube-proxy's, which `kubeadm reset` leaves.
+//! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) and kube-proxy's, which `kubeadm reset` leaves;
+//! and the containers the claim created ([`remove_claim_containers`]).
 
 use super::leftovers::{self, ContainerTool, HostNow};
 use crate::cloudinit::{CommandRunner, RawCommand, stderr_tail};
@@ -247,6 +248,25 @@ pub async fn host_now(root: &Path, runner: &impl CommandRunner, scratch: &Path) 
     let nft = tool_output(runner, root, scratch, "nft", &["list", "ruleset"])
         .await
         .map(|t| leftovers::parse_nft_ruleset(&t));
+    let containers = containers(root, runner, scratch).await;
+    HostNow {
+        network,
+        iptables,
+        ip6tables,
+        nft,
+        containers,
+    }
+}
+
+/// The IDs of the containers in containerd's `k8s.io` namespace (`ctr -n k8s.io containers ls
+/// -q`: the pods' sandboxes and their containers; else `crictl ps -a -q`: the containers) and
+/// the tool that listed them; `None` when neither tool is on the host or the listing failed
+/// (logged).
+pub async fn containers(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Option<(ContainerTool, Vec<String>)> {
     let ids = |t: String| -> Vec<String> {
         t.lines()
             .map(str::trim)
@@ -254,7 +274,7 @@ pub async fn host_now(root: &Path, runner: &impl CommandRunner, scratch: &Path) 
             .map(str::to_string)
             .collect()
     };
-    let containers = match tool_output(
+    match tool_output(
         runner,
         root,
         scratch,
@@ -267,13 +287,69 @@ pub async fn host_now(root: &Path, runner: &impl CommandRunner, scratch: &Path) 
         None => tool_output(runner, root, scratch, "crictl", &["ps", "-a", "-q"])
             .await
             .map(|t| (ContainerTool::Crictl, ids(t))),
+    }
+}
+
+/// The containers in containerd's `k8s.io` namespace as a claim begins, for
+/// `ClaimWork::containers_before`: empty when neither `ctr` nor `crictl` is on the host (no
+/// containerd, so none: the claim's install brings it), `None` when a tool is there but the
+/// listing failed (containerd stopped, say).
+pub async fn containers_before_claim(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Option<Vec<String>> {
+    if find_tool(root, "ctr").is_none() && find_tool(root, "crictl").is_none() {
+        return Some(Vec::new());
+    }
+    containers(root, runner, scratch).await.map(|(_, ids)| ids)
+}
+
+/// Removes the containers of containerd's `k8s.io` namespace that were not there when the
+/// claim began (`before`): the claim's kubelet made them, and `kubeadm reset` leaves them when
+/// its own removal through the CRI fails (it only warns). With `ctr`: `tasks delete -f ID` (kills
+/// the task, if there is one), then `containers delete ID` (with its snapshot); with `crictl`:
+/// `rm -f ID`. Each removal is logged; a failure is logged and left to `verify`, which names
+/// what is still there.
+pub async fn remove_claim_containers(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+    before: &[String],
+) {
+    let Some((tool, now)) = containers(root, runner, scratch).await else {
+        return;
     };
-    HostNow {
-        network,
-        iptables,
-        ip6tables,
-        nft,
-        containers,
+    let (name, steps): (&str, &[&[&str]]) = match tool {
+        ContainerTool::Ctr => (
+            "ctr",
+            &[
+                &["-n", "k8s.io", "tasks", "delete", "-f"],
+                &["-n", "k8s.io", "containers", "delete"],
+            ],
+        ),
+        ContainerTool::Crictl => ("crictl", &[&["rm", "-f"]]),
+    };
+    let Some(path) = find_tool(root, name) else {
+        return;
+    };
+    for id in leftovers::claim_containers(Some(before), &now) {
+        let mut last = Ok(String::new());
+        for args in steps {
+            let mut argv = vec![path.clone()];
+            argv.extend(args.iter().map(|a| a.to_string()));
+            argv.push(id.clone());
+            // A container without a task: `tasks delete` fails, `containers delete` decides.
+            last = run(runner, scratch, &argv).await;
+        }
+        match last {
+            Ok(_) => tracing::info!(
+                "verify: removed container {id} of containerd's k8s.io namespace, which the claim created"
+            ),
+            Err(e) => tracing::warn!(
+                "verify: removing container {id} of containerd's k8s.io namespace, which the claim created: {e}"
+            ),
+        }
     }
 }
 

@@ -159,6 +159,7 @@ mod tests {
             outcome: None,
             preexisting_dirs: Vec::new(),
             network_before: None,
+            containers_before: None,
             control_plane_endpoint: None,
             host_changes: Default::default(),
         }

@@ -35,6 +35,7 @@ fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
         outcome,
         preexisting_dirs: vec![],
         network_before: None,
+        containers_before: None,
         control_plane_endpoint: None,
         host_changes: Default::default(),
     }

@@ -12,10 +12,13 @@
 //! veth peers, `kube-ipvs0`) that did not exist when the claim began, addresses added during the
 //! claim to an interface that existed before it (kube-vip's control-plane endpoint), KUBE-/CNI-
 //! chains in `iptables-save`, `ip6tables-save` (those not there when the claim began, when that
-//! was recorded) and `nft list ruleset` (tools that are absent are skipped), and containers in containerd's `k8s.io` namespace (`ctr`, else `crictl`). They are
-//! reported with their fix; only the iptables chains that were not there when the claim began
-//! (the kubelet's and kube-proxy's, which `kubeadm reset` leaves on every host) are removed by
-//! the agent first, with the rules jumping into them.
+//! was recorded) and `nft list ruleset` (tools that are absent are skipped), and containers in
+//! containerd's `k8s.io` namespace (`ctr`, else `crictl`; those not there when the claim began,
+//! when that was recorded). They are reported with their fix. Removed by the agent first: the
+//! iptables chains that were not there when the claim began (the kubelet's and kube-proxy's,
+//! which `kubeadm reset` leaves on every host), with the rules jumping into them, and the
+//! `k8s.io` containers that were not (the claim's kubelet made them; `kubeadm reset` leaves
+//! them when its removal through the CRI fails).
 
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
@@ -33,6 +36,9 @@ pub struct Claim<'a> {
     pub preexisting_dirs: &'a [PathBuf],
     /// The host's network when the claim began (`None`: not recorded).
     pub network_before: Option<&'a NetworkSnapshot>,
+    /// The containers of containerd's `k8s.io` namespace when the claim began (`None`: not
+    /// recorded, so none is removed).
+    pub containers_before: Option<&'a [String]>,
     /// The host of the Cluster's control-plane endpoint when the claim began (an IP is removed
     /// from the host's interfaces if the claim added it).
     pub control_plane_endpoint: Option<&'a str>,
@@ -82,6 +88,10 @@ pub async fn leftovers(
             "{slice} could not be stopped ({e}): systemctl stop {slice}"
         )),
     }
+    // Before the ports: a container's process the removal kills held one.
+    if let Some(before) = claim.containers_before {
+        super::probe::remove_claim_containers(root, runner, claim.scratch, before).await;
+    }
     for u in crate::doctor::busy_ports_of(CLAIM_PORTS) {
         if let Some(owner) = u.owner {
             left.push(format!(
@@ -118,6 +128,10 @@ pub async fn leftovers(
         }
     }
     let now = super::probe::host_now(root, runner, claim.scratch).await;
-    left.extend(super::leftovers::decide(claim.network_before, &now));
+    left.extend(super::leftovers::decide(
+        claim.network_before,
+        claim.containers_before,
+        &now,
+    ));
     Ok(left)
 }

@@ -270,7 +270,7 @@ fn decide_table() {
         ),
     ];
     for (what, before, now, want) in cases {
-        assert_eq!(decide(before, &now), want, "{what}");
+        assert_eq!(decide(before, None, &now), want, "{what}");
     }
 }
 
@@ -369,4 +369,28 @@ fn network_removals_take_only_what_the_claim_created() {
     let now6 = net(&["eth0"], &[("eth0", "2001:db8::7/128")]);
     let r = network_removals(&net(&["eth0"], &[]), &now6, Some("2001:db8:0::7"));
     assert_eq!(r.addresses, [addr("eth0", "2001:db8::7/128")]);
+}
+
+#[test]
+fn only_the_containers_the_claim_created_are_its_and_named() {
+    let now: Vec<String> = ["sandbox1", "etcd1", "older"].map(String::from).to_vec();
+    let before = vec!["older".to_string()];
+    assert_eq!(
+        claim_containers(Some(&before), &now),
+        ["sandbox1", "etcd1"],
+        "those not there before the claim"
+    );
+    assert_eq!(claim_containers(None, &now), now, "not recorded: every one");
+    assert_eq!(claim_containers(Some(&now), &now), Vec::<String>::new());
+    let host = HostNow {
+        containers: Some((ContainerTool::Ctr, now.clone())),
+        ..Default::default()
+    };
+    let left = decide(None, Some(&before), &host);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left[0].contains(": sandbox1, etcd1: ") && !left[0].contains("older"),
+        "{left:?}"
+    );
+    assert_eq!(decide(None, Some(&now), &host), Vec::<String>::new());
 }
