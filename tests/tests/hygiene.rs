@@ -692,7 +692,7 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
     }
     // The container the claim created is removed by the agent, as containerd lists; the older
     // one stays, not named.
-    assert!(!m.contains("containers are left"), "{m}");
+    assert!(!m.contains("containers are left"), "{m}\n{log}");
     let containers = host
         .run(&["ctr", "-n", "k8s.io", "containers", "ls", "-q"])
         .await
