@@ -328,7 +328,13 @@ async fn serve(
     let renewal = tokio::time::sleep(renew_in.unwrap_or(Duration::from_secs(u64::from(u32::MAX))));
     tokio::pin!(renewal);
     let mut facts = facts.clone();
-    let mut claim: Option<String> = None;
+    // A claim a previous run announced is not announced again (a corrupt state file is the
+    // host worker's to report).
+    let mut claim = claim::SeenClaim::recorded(
+        &crate::state::StateFile::new(&settings.state_dir)
+            .load()
+            .unwrap_or_default(),
+    );
     let mut api_down_since: Option<SystemTime> = None;
 
     loop {
