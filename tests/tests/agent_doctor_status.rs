@@ -234,6 +234,22 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
     ] {
         assert!(message.contains(want), "{want:?} missing from {message}");
     }
+    // `systemctl status byoh-agent` says so too.
+    let status = host
+        .run(&[
+            "systemctl",
+            "show",
+            "-p",
+            "StatusText",
+            "--value",
+            "byoh-agent",
+        ])
+        .await
+        .unwrap();
+    assert!(
+        status.contains("not offered: preflight checks fail"),
+        "StatusText={status}"
+    );
 
     // The certificate expires while the agent runs: doctor sees it at once, the agent at its
     // next periodic check (every 60 s).

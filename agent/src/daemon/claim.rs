@@ -28,6 +28,16 @@ impl SeenClaim {
         };
         SeenClaim { key, shown: false }
     }
+
+    /// Whether the claim `key` now on the ByoHost is to be shown in `STATUS=`, and whether it
+    /// is to be announced (logged, published as an Event): announced when it changed, shown
+    /// when it changed or was recorded by a previous run and not shown yet. No claim where
+    /// none was seen is no news: the status set at start-up (e.g. preflight checks failing)
+    /// stays.
+    fn next(&self, key: Option<&str>) -> (bool, bool) {
+        let announce = key != self.key.as_deref();
+        (announce || (!self.shown && key.is_some()), announce)
+    }
 }
 
 /// Shows in `STATUS=`, and logs and publishes as an Event, a change of the claim on `host`
@@ -49,8 +59,8 @@ pub(super) fn observe_claim(
     let key = now
         .as_ref()
         .map(|(uid, _, release)| format!("{uid}/{release}"));
-    let announce = key != seen.key;
-    if !announce && seen.shown {
+    let (show, announce) = seen.next(key.as_deref());
+    if !show {
         return;
     }
     notify::status(&match &now {
@@ -94,7 +104,7 @@ pub(super) fn observe_claim(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{CleanupWork, ClaimWork};
+    use crate::state::{ClaimWork, CleanupWork};
 
     fn claim(uid: &str) -> ClaimWork {
         serde_json::from_value(serde_json::json!({
@@ -116,6 +126,26 @@ mod tests {
         let seen = SeenClaim::recorded(&state);
         assert!(!seen.shown, "a recorded claim is still to be shown");
         seen.key
+    }
+
+    #[test]
+    fn a_change_is_announced_and_a_recorded_claim_only_shown_once() {
+        let fresh = SeenClaim::default();
+        assert_eq!(fresh.next(None), (false, false), "no claim is no news");
+        assert_eq!(fresh.next(Some("u1/false")), (true, true));
+        let recorded = SeenClaim::recorded(&HostState {
+            claim: Some(claim("u1")),
+            ..HostState::default()
+        });
+        assert_eq!(recorded.next(Some("u1/false")), (true, false));
+        assert_eq!(recorded.next(Some("u1/true")), (true, true));
+        assert_eq!(recorded.next(None), (true, true), "a dropped claim");
+        let shown = SeenClaim {
+            key: Some("u1/false".into()),
+            shown: true,
+        };
+        assert_eq!(shown.next(Some("u1/false")), (false, false));
+        assert_eq!(shown.next(Some("u2/false")), (true, true));
     }
 
     #[test]
