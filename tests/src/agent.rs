@@ -359,6 +359,34 @@ pub async fn approve_host_csr(
     }
 }
 
+/// The agent unit's status text on `host`: `systemctl show -p StatusText --value byoh-agent`,
+/// what `systemctl status byoh-agent` shows as `Status:` (the agent's `STATUS=`).
+///
+/// # Errors
+/// The command failing on the host.
+pub async fn status_text(host: &Host) -> anyhow::Result<String> {
+    host.run(&[
+        "systemctl",
+        "show",
+        "-p",
+        "StatusText",
+        "--value",
+        "byoh-agent",
+    ])
+    .await
+}
+
+/// Waits up to `timeout` until the agent's status text on `host` contains `want`.
+///
+/// # Errors
+/// A timeout, or the command failing on the host.
+pub async fn wait_status(host: &Host, want: &str, timeout: Duration) -> anyhow::Result<()> {
+    wait_for(want, timeout, || async {
+        Ok(status_text(host).await?.contains(want).then_some(()))
+    })
+    .await
+}
+
 /// Polls `f` every 500 ms until it yields `Some`, or fails after `timeout` with `what`.
 ///
 /// Errors on time-out, or with `f`'s error.

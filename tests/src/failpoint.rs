@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
-use crate::agent::wait_for;
+use crate::agent::wait_status;
 use crate::hosts::Host;
 use std::time::Duration;
 
@@ -61,21 +61,9 @@ pub async fn assert_restarted_by_systemd(host: &Host) {
 /// and SIGKILLs the agent's main process (systemd restarts it).
 pub async fn kill_at(host: &Host, step: &str) {
     let want = format!("Failpoint: paused before {step}");
-    wait_for(&want, Duration::from_secs(60), || async {
-        let text = host
-            .run(&[
-                "systemctl",
-                "show",
-                "-p",
-                "StatusText",
-                "--value",
-                "byoh-agent",
-            ])
-            .await?;
-        Ok(text.contains(&want).then_some(()))
-    })
-    .await
-    .unwrap();
+    wait_status(host, &want, Duration::from_secs(60))
+        .await
+        .unwrap();
     set_failpoint(host, None).await;
     host.run(&[
         "systemctl",

@@ -235,17 +235,7 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
         assert!(message.contains(want), "{want:?} missing from {message}");
     }
     // `systemctl status byoh-agent` says so too.
-    let status = host
-        .run(&[
-            "systemctl",
-            "show",
-            "-p",
-            "StatusText",
-            "--value",
-            "byoh-agent",
-        ])
-        .await
-        .unwrap();
+    let status = agent::status_text(&host).await.unwrap();
     assert!(
         status.contains("not offered: preflight checks fail"),
         "StatusText={status}"

@@ -919,21 +919,9 @@ async fn restart_until_status(host: &Host, status: &str) {
     host.run(&["systemctl", "restart", "byoh-agent"])
         .await
         .unwrap();
-    wait_for(status, Duration::from_secs(60), || async {
-        let text = host
-            .run(&[
-                "systemctl",
-                "show",
-                "-p",
-                "StatusText",
-                "--value",
-                "byoh-agent",
-            ])
-            .await?;
-        Ok(text.contains(status).then_some(()))
-    })
-    .await
-    .unwrap();
+    agent::wait_status(host, status, Duration::from_secs(60))
+        .await
+        .unwrap();
 }
 
 /// Issue 17 #6: `kubectl describe byohost` tells the story of a claim — Events for the claim,
