@@ -5,6 +5,7 @@
 
 use crate::hosts::Host;
 use anyhow::{Context as _, bail};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
 };
@@ -78,7 +79,43 @@ pub async fn create_bootstrap_token(
         .create(&PostParams::default(), &s)
         .await
         .context("creating bootstrap token Secret")?;
-    Ok(format!("{id}.{secret}"))
+    let token = format!("{id}.{secret}");
+    wait_authenticates(client, &token).await?;
+    Ok(token)
+}
+
+/// Waits (at most 10 s) until the API server of `client` authenticates `token`, asked with a
+/// TokenReview: its bootstrap-token authenticator reads Secrets from an informer's cache, so a
+/// token just created is refused (401) until the informer has seen it. Tests that assert an
+/// agent registered without a restart, or use a token at once, need it usable, as it is in
+/// practice by the time an operator has copied it to a host.
+///
+/// Errors when the review fails or the token is still refused after 10 s.
+pub async fn wait_authenticates(client: &kube::Client, token: &str) -> anyhow::Result<()> {
+    let reviews = Api::<TokenReview>::all(client.clone());
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    wait_for(
+        "the API server to authenticate the new bootstrap token",
+        Duration::from_secs(10),
+        || async {
+            let reviewed = reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .context("TokenReview")?;
+            Ok(reviewed
+                .status
+                .and_then(|s| s.authenticated)
+                .unwrap_or(false)
+                .then_some(()))
+        },
+    )
+    .await
 }
 
 /// Grants what hosts need until the controller maintains per-host RBAC: bootstrappers and hosts

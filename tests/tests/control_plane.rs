@@ -427,24 +427,14 @@ async fn bootstrap_tokens_authenticate_and_expired_ones_are_cleaned_up() {
         token: Some(format!("{id}.{secret}").into()),
         ..kube::config::AuthInfo::default()
     };
-    let reviews = Api::<SelfSubjectReview>::all(Client::try_from(config).expect("client"));
-    // The bootstrap token authenticator reads Secrets from an informer's cache, so a token
-    // authenticates only once the informer has seen it: 401 until then, never longer than 10 s.
-    let review = eventually(
-        "SelfSubjectReview with the bootstrap token",
-        Duration::from_secs(10),
-        || async {
-            match reviews
-                .create(&PostParams::default(), &SelfSubjectReview::default())
-                .await
-            {
-                Ok(review) => Some(review),
-                Err(kube::Error::Api(status)) if status.code == 401 => None,
-                Err(e) => panic!("SelfSubjectReview with the bootstrap token: {e}"),
-            }
-        },
-    )
-    .await;
+    let as_bootstrapper = Client::try_from(config).expect("client");
+    byoh_tests::agent::wait_authenticates(&client, &format!("{id}.{secret}"))
+        .await
+        .expect("the bootstrap token authenticates");
+    let review = Api::<SelfSubjectReview>::all(as_bootstrapper)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .expect("SelfSubjectReview with the bootstrap token");
     let info = review.status.and_then(|s| s.user_info).expect("userInfo");
     assert_eq!(info.username, Some(format!("system:bootstrap:{id}")));
     let groups = info.groups.unwrap_or_default();

@@ -147,6 +147,9 @@ async fn bootstrap_kubeconfig_issues_a_working_token_and_cleans_it_up() {
             .await
             .unwrap();
     let as_bootstrapper = kube::Client::try_from(config).unwrap();
+    byoh_tests::agent::wait_authenticates(&admin, &format!("{id}.{secret_half}"))
+        .await
+        .unwrap();
     let (user, groups) = whoami(&as_bootstrapper).await.unwrap();
     assert_eq!(user, format!("system:bootstrap:{id}"));
     assert!(
