@@ -14,7 +14,7 @@ use crate::controller::ControllerProcess;
 use crate::hosts::{BootOptions, Host, NETWORK_GATEWAY};
 use crate::http::{FileServer, TestCa};
 use crate::phases::Phases;
-use crate::{kubeadm, machine, manifests, pool};
+use crate::{kubeadm, machine, pool};
 use anyhow::{Context as _, ensure};
 use byoh_api::labels;
 use k8s_openapi::api::core::v1::Namespace;
@@ -58,6 +58,9 @@ pub fn last_line(out: &str) -> PathBuf {
 /// clusterctl (built by `tests/capi/build`) with a local repository laid out as
 /// `packaging/release` lays it out (`infrastructure-byoh/v<ver>/`, from `controller/config/`),
 /// a config pointing at it and a home of its own: what a user's clusterctl sees of a release.
+/// The config also points Cluster API's own providers (`cluster-api`, `kubeadm` bootstrap and
+/// control plane) at their local repository (`tests/capi/repository`), as an air-gapped site
+/// points them at its mirror: `clusterctl init` reads their metadata from there.
 pub struct Clusterctl {
     bin: PathBuf,
     config: PathBuf,
@@ -65,11 +68,12 @@ pub struct Clusterctl {
 }
 
 impl Clusterctl {
-    /// Builds (or finds cached) clusterctl and lays out the repository.
+    /// Builds (or finds cached) clusterctl and lays out the repositories.
     ///
     /// Errors when the build or a copy fails.
     pub fn new() -> anyhow::Result<Clusterctl> {
         let bin = last_line(&script("tests/capi/build", &["clusterctl"])?).join("clusterctl");
+        let capi_repo = last_line(&script("tests/capi/repository", &[])?);
         let dir = tempfile::tempdir()?;
         let repo = dir.path().join(format!(
             "repository/infrastructure-byoh/v{}",
@@ -84,14 +88,42 @@ impl Clusterctl {
             let entry = entry?;
             std::fs::copy(entry.path(), repo.join(entry.file_name()))?;
         }
-        let config = dir.path().join("clusterctl.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "providers:\n- name: byoh\n  type: InfrastructureProvider\n  url: file://{}/infrastructure-components.yaml\n",
-                repo.display()
+        let mut providers = format!(
+            "providers:\n- name: byoh\n  type: InfrastructureProvider\n  url: file://{}/infrastructure-components.yaml\n",
+            repo.display()
+        );
+        for (name, type_, label, file) in [
+            (
+                "cluster-api",
+                "CoreProvider",
+                "cluster-api",
+                "core-components.yaml",
             ),
-        )?;
+            (
+                "kubeadm",
+                "BootstrapProvider",
+                "bootstrap-kubeadm",
+                "bootstrap-components.yaml",
+            ),
+            (
+                "kubeadm",
+                "ControlPlaneProvider",
+                "control-plane-kubeadm",
+                "control-plane-components.yaml",
+            ),
+        ] {
+            let version = std::fs::read_dir(capi_repo.join(label))?
+                .next()
+                .context("an empty Cluster API repository")??
+                .file_name();
+            providers.push_str(&format!(
+                "- name: {name}\n  type: {type_}\n  url: file://{}/{label}/{}/{file}\n",
+                capi_repo.display(),
+                version.to_string_lossy()
+            ));
+        }
+        let config = dir.path().join("clusterctl.yaml");
+        std::fs::write(&config, providers)?;
         std::fs::create_dir_all(dir.path().join("home"))?;
         Ok(Clusterctl { bin, config, dir })
     }
@@ -117,27 +149,31 @@ impl Clusterctl {
         &self.bin
     }
 
+    /// The config (`clusterctl.yaml`): the four providers and their local repositories.
+    pub fn config(&self) -> &Path {
+        &self.config
+    }
+
     /// The `--infrastructure` value of this release: `byoh:v<version>`.
     pub fn infrastructure() -> String {
         format!("byoh:v{}", env!("CARGO_PKG_VERSION"))
     }
 
-    /// Installs BYOH on the management cluster of `admin` as `clusterctl init` does, its Pod
-    /// aside: the components as `clusterctl generate provider` renders them (with the labels
-    /// `clusterctl move` discovers CRDs by), and the provider recorded in clusterctl's
-    /// inventory (`tests/capi/up` installs its CRD).
+    /// Installs BYOH on the management cluster of `kubeconfig`, where `tests/capi/up` runs
+    /// Cluster API: `clusterctl init --infrastructure byoh`, which checks the providers'
+    /// contracts and cert-manager's API, applies the components and records BYOH in its
+    /// inventory.
     ///
-    /// Errors when clusterctl or an apply fails.
-    pub async fn install_byoh(&self, admin: &Client) -> anyhow::Result<()> {
-        let infra = Self::infrastructure();
-        let components =
-            run(&mut self.command(&["generate", "provider", "--infrastructure", &infra]))?;
-        manifests::apply_yaml(admin, &components, false).await?;
-        let inventory = format!(
-            "apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3\nkind: Provider\nmetadata:\n  name: infrastructure-byoh\n  namespace: byoh-system\n  labels: {{ clusterctl.cluster.x-k8s.io: \"\", cluster.x-k8s.io/provider: infrastructure-byoh }}\nproviderName: byoh\ntype: InfrastructureProvider\nversion: v{}\n",
-            env!("CARGO_PKG_VERSION")
-        );
-        manifests::apply_yaml(admin, &inventory, false).await?;
+    /// Errors when clusterctl fails, with its log.
+    pub fn install_byoh(&self, kubeconfig: &Path) -> anyhow::Result<()> {
+        let kubeconfig = kubeconfig.to_string_lossy();
+        run(&mut self.command(&[
+            "init",
+            "--infrastructure",
+            "byoh",
+            "--kubeconfig",
+            &kubeconfig,
+        ]))?;
         Ok(())
     }
 }
@@ -282,6 +318,34 @@ pub fn api_resource(group: &str, version: &str, kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
 }
 
+/// clusterctl's inventory on the management cluster of `admin`: each Provider object as
+/// `<namespace>/<name> <providerName> <type> <version>`, sorted.
+///
+/// Errors when the list fails.
+pub async fn inventory(admin: &Client) -> anyhow::Result<Vec<String>> {
+    let ar = api_resource("clusterctl.cluster.x-k8s.io", "v1alpha3", "Provider");
+    let providers = Api::<DynamicObject>::all_with(admin.clone(), &ar)
+        .list(&kube::api::ListParams::default())
+        .await?;
+    let mut out: Vec<String> = providers
+        .items
+        .iter()
+        .map(|p| {
+            let field = |k: &str| p.data.get(k).and_then(|v| v.as_str()).unwrap_or("-");
+            format!(
+                "{}/{} {} {} {}",
+                p.metadata.namespace.as_deref().unwrap_or("-"),
+                p.metadata.name.as_deref().unwrap_or("-"),
+                field("providerName"),
+                field("type"),
+                field("version")
+            )
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
 /// Everything a Cluster API scenario runs on.
 pub struct CapiBed {
     /// The management control plane.
@@ -329,7 +393,7 @@ impl CapiBed {
         let mirror = PackageMirror::start(&ca).await?;
         phases.done("images served, package mirror built and served");
         let clusterctl = Clusterctl::new()?;
-        clusterctl.install_byoh(&admin).await?;
+        clusterctl.install_byoh(cp.kubeconfig())?;
         let ns = pool.to_string();
         let namespace = Namespace {
             metadata: kube::api::ObjectMeta {
@@ -344,7 +408,7 @@ impl CapiBed {
             .await
             .context("the pool's namespace")?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.as_str()).await?;
-        phases.done("BYOH components + controller started");
+        phases.done("BYOH installed by clusterctl init, controller started");
         let hosts = boot_hosts(n_hosts).await?;
         for host in &hosts {
             machine::prepare(

@@ -1,13 +1,15 @@
 //! A second management cluster for `clusterctl move` (issue 15): the target's own control
-//! plane, Cluster API's managers (`tests/capi/up`) and BYOH installed as `clusterctl init`
-//! installs it ([`Clusterctl::install_byoh`]) with its controller. The move itself and the
-//! procedure that makes the pool's hosts follow are docs/getting_started.md's blocks ("Moving to
-//! another management cluster"), which `tests/tests/capi_e2e.rs` runs as written.
+//! plane, Cluster API's managers (`tests/capi/up`), BYOH installed by the caller (in
+//! `tests/tests/capi_e2e.rs`, the page's own `clusterctl init --kubeconfig target.kubeconfig`)
+//! and BYOH's controller. The move itself and the procedure that makes the pool's hosts follow
+//! are docs/getting_started.md's blocks ("Moving to another management cluster"), which
+//! `tests/tests/capi_e2e.rs` runs as written.
 
 use crate::capi_bed::{CapiBed, CapiManagers, Clusterctl, tail};
 use crate::control_plane::PrivateControlPlane;
 use crate::controller::ControllerProcess;
 use kube::Client;
+use std::path::Path;
 
 /// The target management cluster. Its parts stop when it is dropped (the controller and the
 /// managers before the control plane).
@@ -23,16 +25,20 @@ pub struct TargetManagement {
 }
 
 impl TargetManagement {
-    /// Starts everything, BYOH's controller watching the namespace of `bed`'s pool (which does
-    /// not exist here yet: the documented procedure creates it), as `clusterctl init` leaves a
-    /// management cluster.
+    /// Starts the control plane and Cluster API's managers, has `install_byoh` install BYOH
+    /// (given the target's admin kubeconfig), then starts BYOH's controller watching the
+    /// namespace of `bed`'s pool (which does not exist here yet: the documented procedure
+    /// creates it), as `clusterctl init` leaves a management cluster.
     ///
-    /// Errors when a part fails to start.
-    pub async fn start(bed: &CapiBed) -> anyhow::Result<TargetManagement> {
+    /// Errors when a part fails to start or `install_byoh` fails.
+    pub async fn start(
+        bed: &CapiBed,
+        install_byoh: impl FnOnce(&Path) -> anyhow::Result<()>,
+    ) -> anyhow::Result<TargetManagement> {
         let cp = PrivateControlPlane::start()?;
         let admin = cp.client().await?;
         let capi = CapiManagers::start(cp.kubeconfig())?;
-        bed.clusterctl.install_byoh(&admin).await?;
+        install_byoh(cp.kubeconfig())?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), &bed.ns).await?;
         Ok(TargetManagement {
             controller,

@@ -14,7 +14,9 @@ pub const PAGE: &str = "docs/getting_started.md";
 /// docs/getting_started.md's Cluster API blocks ([`doc_blocks::TEST_CAPI`] and the others) and
 /// the operator's workstation that runs them: `kubectl` and `clusterctl` on its `PATH`,
 /// `KUBECONFIG` the bed's management cluster, the work folder where the page's files go
-/// (`demo.yaml`, `target.kubeconfig`, `bootstrap-kubeconfig`).
+/// (`demo.yaml`, `target.kubeconfig`, `bootstrap-kubeconfig`), with the bed's `clusterctl.yaml`
+/// there as step 2 of the page writes it, plus Cluster API's providers at their local
+/// repository (the site is air-gapped).
 pub struct Page {
     /// The workstation.
     pub ws: Workstation,
@@ -32,6 +34,7 @@ impl Page {
         let build = script("tests/control-plane/build", &[])?;
         let kube_bin = Path::new(build.lines().next().context("no kube bin dir")?);
         let clusterctl_bin = bed.clusterctl.bin().parent().context("clusterctl's dir")?;
+        std::fs::copy(bed.clusterctl.config(), dir.path().join("clusterctl.yaml"))?;
         Ok(Page {
             ws: Workstation::new(dir.path(), &[kube_bin, clusterctl_bin], bed.cp.kubeconfig())?,
             script: PageScript::new(PAGE, &doc_blocks::CAPI)?,

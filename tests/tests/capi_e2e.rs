@@ -59,7 +59,7 @@
 
 use anyhow::{Context as _, ensure};
 use byoh_tests::agent::wait_for;
-use byoh_tests::capi_bed::{CapiBed, KUBERNETES_VERSION, as_hosts_reach_it};
+use byoh_tests::capi_bed::{CapiBed, KUBERNETES_VERSION, as_hosts_reach_it, inventory};
 use byoh_tests::capi_cluster::{CapiCluster, condition_true, node_ready, skip_system_verification};
 use byoh_tests::capi_move::TargetManagement;
 use byoh_tests::capi_page::Page;
@@ -67,7 +67,7 @@ use byoh_tests::doc_blocks;
 use byoh_tests::hosts;
 use byoh_tests::manifests::apply_yaml;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -769,15 +769,36 @@ async fn scenario(bed: &CapiBed, target: &mut Option<TargetManagement>) -> anyho
     // ClusterClass `clusterctl generate` adds; the cluster works and goes the same way.
     let topology = CapiCluster::new(bed, TOPOLOGY_CLUSTER);
     create(&topology, Some("topology"), None).await?;
-    // Moved to a second management cluster, it is deleted there.
-    page.script.next(
-        doc_blocks::STAND_IN_CAPI,
-        "clusterctl init --kubeconfig target.kubeconfig",
-    )?;
-    let t = target.insert(TargetManagement::start(bed).await?);
-    std::fs::copy(t.cp.kubeconfig(), page.ws.dir.join("target.kubeconfig"))?;
-    bed.phases
-        .done("second management cluster up (control plane, Cluster API managers, BYOH)");
+    // Moved to a second management cluster, it is deleted there. BYOH goes on it by the page's
+    // `clusterctl init`, which finds Cluster API there and cert-manager's API answering.
+    let t = TargetManagement::start(bed, |kubeconfig| {
+        std::fs::copy(kubeconfig, page.ws.dir.join("target.kubeconfig"))?;
+        page.run("clusterctl init --kubeconfig target.kubeconfig")?;
+        Ok(())
+    })
+    .await?;
+    let t = target.insert(t);
+    // What clusterctl recorded: BYOH beside Cluster API's providers (`tests/capi/up` recorded
+    // those), and it did not install cert-manager (its API answered).
+    let recorded = inventory(&t.admin).await?;
+    let byoh = format!(
+        "byoh-system/infrastructure-byoh byoh InfrastructureProvider v{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    ensure!(
+        recorded.len() == 4 && recorded.contains(&byoh),
+        "clusterctl's inventory on the target: {recorded:?}"
+    );
+    ensure!(
+        Api::<Namespace>::all(t.admin.clone())
+            .get_opt("cert-manager")
+            .await?
+            .is_none(),
+        "clusterctl init installed cert-manager"
+    );
+    bed.phases.done(
+        "second management cluster up (control plane, Cluster API managers; BYOH by clusterctl init)",
+    );
     let moved = move_cluster(&topology, t, &mut page).await?;
     delete(&moved).await?;
     page.script.finish()

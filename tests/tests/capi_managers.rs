@@ -152,18 +152,12 @@ impl Bed {
             t.elapsed().as_secs_f64()
         ));
         let clusterctl = Clusterctl::new()?;
-        // BYOH as `clusterctl generate provider` renders it from the repository.
-        let components = run(&mut clusterctl.command(&[
-            "generate",
-            "provider",
-            "--infrastructure",
-            &Clusterctl::infrastructure(),
-        ]))?;
-        access::apply_yaml(&admin, &components, false).await?;
+        // BYOH as `clusterctl init --infrastructure byoh` installs it from the repository.
+        clusterctl.install_byoh(cp.kubeconfig())?;
         let ns = TestNamespace::create(&admin, "capi-managers").await?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.name()).await?;
         say(&format!(
-            "BYOH components applied, controller started ({:.1} s)",
+            "BYOH installed by clusterctl init, controller started ({:.1} s)",
             t.elapsed().as_secs_f64()
         ));
         Ok(Self {

@@ -7,10 +7,11 @@
 //!   and `KUBECONFIG` the test control plane's admin kubeconfig. Variables a block `export`s
 //!   are seen by the later blocks, as in one terminal;
 //! - `sh test-host`: run with bash as root in `/root` of a booted Debian 12 host;
-//! - `sh stand-in`: not run; the test does the equivalent: for `clusterctl init` (needs the
-//!   internet for the core providers, and Pods) it applies the provider components that the
-//!   page generated and runs `byoh-controller` as a process; for `scp FILES... HOST:` it copies
-//!   the files from the work folder to the host's `/root`;
+//! - `sh stand-in`: not run; the test does the equivalent: for `clusterctl init` (here it would
+//!   install Cluster API and cert-manager too, from the internet, as Pods; `capi_e2e.rs` runs
+//!   the page's other `clusterctl init`, where Cluster API runs) it applies the provider
+//!   components that the page generated and runs `byoh-controller` as a process; for
+//!   `scp FILES... HOST:` it copies the files from the work folder to the host's `/root`;
 //! - `sh test-capi`, `sh test-capi-host`, `sh stand-in-capi` (getting_started.md only): skipped
 //!   here; `tests/tests/capi_e2e.rs` runs them on its Cluster API bed (a cluster created,
 //!   watched and moved to another management cluster), which this bed is not.

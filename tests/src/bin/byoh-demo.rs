@@ -1,6 +1,6 @@
 //! `make demo` (run by `tests/demo/up` through `tests/run`): a cluster made by Cluster API on
 //! BYOH hosts, narrated. Starts a management control plane with Cluster API's own managers
-//! (core, kubeadm bootstrap, kubeadm control plane), BYOH's components and controller, an image
+//! (core, kubeadm bootstrap, kubeadm control plane), BYOH (`clusterctl init`) and its controller, an image
 //! registry and a package mirror on the test network, boots two Debian 12 hosts there and
 //! registers them with the agent's `.deb`; then `clusterctl generate cluster demo | kubectl
 //! apply`: KCP's control-plane Machine takes a host (`kubeadm init` through the agent), the
@@ -49,7 +49,8 @@ async fn run(state: &Path) -> anyhow::Result<()> {
     let t0 = Instant::now();
     say(
         "1/5 The management cluster: control plane, Cluster API's managers (core, kubeadm \
-         bootstrap, kubeadm control plane), BYOH's components and controller; two Debian 12 \
+         bootstrap, kubeadm control plane), BYOH by `clusterctl init --infrastructure byoh` \
+         and its controller; two Debian 12 \
          hosts on the test network with the agent .deb, registered in the pool",
     );
     let bed = CapiBed::start(2, "byoh-pool").await?;
