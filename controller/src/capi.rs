@@ -164,6 +164,10 @@ pub struct MachineSpec {
     /// `spec.infrastructureRef`: the ByoMachine.
     #[serde(default)]
     pub infrastructure_ref: Option<ContractReference>,
+    /// `spec.providerID`: copied by Cluster API from `ByoMachine.spec.providerID`
+    /// (`byoh://<host>/<id>`) once the host has bootstrapped.
+    #[serde(default, rename = "providerID")]
+    pub provider_id: Option<String>,
 }
 
 /// `Machine.spec.bootstrap`.

@@ -44,15 +44,16 @@ pub struct Request<'a> {
     pub failure_domain: Option<&'a str>,
     /// Name of the cluster, for spreading over failure domains.
     pub cluster_name: &'a str,
-    /// Whether a CAPI Machine exists in the namespace (by name and UID): a host whose
+    /// Whether the Machine of a host's last claim still exists: a host whose
     /// `spec.previousMachineRef` still exists is held back. `None` holds no host.
     pub machine_exists: Option<MachineLookup<'a>>,
 }
 
-/// Answers whether the CAPI Machine a reference names (name and UID, in the request's
-/// namespace) exists, from the controller's Machine cache.
+/// Answers, from the controller's Machine cache, whether the CAPI Machine that a host's
+/// `spec.previousMachineRef` names still exists in the request's namespace. Arguments: the
+/// host's name and its `spec.previousMachineRef`.
 #[derive(Clone, Copy)]
-pub struct MachineLookup<'a>(pub &'a (dyn Fn(&MachineReference) -> bool + Send + Sync));
+pub struct MachineLookup<'a>(pub &'a (dyn Fn(&str, &MachineReference) -> bool + Send + Sync));
 
 impl std::fmt::Debug for MachineLookup<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -193,7 +194,7 @@ pub fn eligibility(
     }
     if let (Some(previous), Some(MachineLookup(exists))) =
         (&host.spec.previous_machine_ref, req.machine_exists)
-        && exists(previous)
+        && exists(host.metadata.name.as_deref().unwrap_or_default(), previous)
     {
         return Err(Rejection::PreviousMachineExists);
     }
@@ -560,7 +561,8 @@ mod tests {
 
     /// A request whose Machine cache holds Machine `m-old` with UID `uid-live`.
     fn machines() -> Request<'static> {
-        static LIVE: fn(&MachineReference) -> bool = |m| m.name == "m-old" && m.uid == "uid-live";
+        static LIVE: fn(&str, &MachineReference) -> bool =
+            |_, m| m.name == "m-old" && m.uid == "uid-live";
         Request {
             machine_exists: Some(MachineLookup(&LIVE)),
             ..req()

@@ -378,13 +378,53 @@ async fn happy_path_claim_provision_and_normal_release() {
     assert!(msg.contains("1 PreviousMachineExists"), "{msg}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(get_host(&client, &n, "host-1").await.spec.claim.is_none());
+    // As after `clusterctl move`: the ByoHost is copied as it is, so the hold names m1's UID on
+    // the source cluster, while m1 is a new object whose spec.providerID (Cluster API's copy of
+    // the ByoMachine's) names this host. The host stays held, and m1's deletion frees it.
+    machines(&client, &n)
+        .patch(
+            "m1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"providerID": claim.provider_id}})),
+        )
+        .await
+        .unwrap();
+    // (The Machine first: the controller sees it before the hold changes.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Api::<ByoHost>::namespaced(client.clone(), &n)
+        .patch(
+            "host-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"previousMachineRef": {
+                "name": "m1", "uid": "6f1c1f43-uid-of-m1-on-the-source"
+            }}})),
+        )
+        .await
+        .unwrap();
+    create_machine(&client, &n, "c1", "m3", &MachineOpts::ready()).await;
+    eventually("m3 waits too: host held for the moved m1", T, || async {
+        let bm = get_bm(&client, &n, "m3").await?;
+        let st = bm.status?;
+        condition(&st.conditions, "HostClaimed")
+            .filter(|c| c.reason == "NoHostAvailable")
+            .filter(|c| c.message.contains("1 PreviousMachineExists"))
+            .map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(get_host(&client, &n, "host-1").await.spec.claim.is_none());
     machines(&client, &n)
         .delete("m1", &DeleteParams::default())
         .await
         .unwrap();
-    let host = eventually("m2 claims the host once m1 is gone", T, || async {
+    let host = eventually("m2 or m3 claims the host once m1 is gone", T, || async {
         let h = get_host(&client, &n, "host-1").await;
-        (h.claimed_by()? == get_bm(&client, &n, "m2").await?.uid()?).then_some(h)
+        let by = h.claimed_by()?;
+        let waiting = [
+            get_bm(&client, &n, "m2").await?.uid()?,
+            get_bm(&client, &n, "m3").await?.uid()?,
+        ];
+        waiting.iter().any(|u| u == by).then_some(h)
     })
     .await;
     assert!(

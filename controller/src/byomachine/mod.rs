@@ -107,6 +107,36 @@ fn machine_cached(ctx: &Context, ns: &str, m: &MachineReference) -> bool {
         .is_some_and(|x| x.uid().as_deref() == Some(m.uid.as_str()))
 }
 
+/// Whether the Machine cache holds, in namespace `ns`, the Machine that `host`'s
+/// `spec.previousMachineRef` (`previous`) names: see [`is_previous_machine`].
+fn previous_machine_cached(
+    ctx: &Context,
+    ns: &str,
+    host: &str,
+    previous: &MachineReference,
+) -> bool {
+    ctx.machines
+        .get(&ObjectRef::new_with(&previous.name, capi::machine_resource()).within(ns))
+        .is_some_and(|x| is_previous_machine(&x, host, previous))
+}
+
+/// Whether `machine` is the Machine of `host`'s last claim, which `previous` (the host's
+/// `spec.previousMachineRef`) names: same name and either the same UID or — after
+/// `clusterctl move`, which re-creates the Machine under a new UID and copies the ByoHost
+/// as it is — a `spec.providerID` of this host's (`byoh://<host>/…`, see [`provider_id`]).
+/// A Machine re-created under the same name that never ran on this host is another machine.
+fn is_previous_machine(machine: &capi::Machine, host: &str, previous: &MachineReference) -> bool {
+    machine.name_any() == previous.name
+        && (machine.uid().as_deref() == Some(previous.uid.as_str())
+            || machine
+                .spec
+                .provider_id
+                .as_deref()
+                .and_then(|id| id.strip_prefix("byoh://"))
+                .and_then(|rest| rest.split_once('/'))
+                .is_some_and(|(h, _)| h == host))
+}
+
 /// The CAPI Machine owning `bm` (controller ownerRef of kind `Machine`), as name and UID.
 fn owner_machine_ref(bm: &ByoMachine) -> Option<MachineReference> {
     bm.meta().owner_references.as_ref()?.iter().find_map(|r| {
@@ -360,6 +390,57 @@ mod tests {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
         );
         assert_ne!(provider_id("h"), provider_id("h"));
+    }
+
+    #[test]
+    fn the_previous_machine_is_found_by_uid_or_after_a_move_by_its_provider_id() {
+        let previous = MachineReference {
+            name: "md-0-abc".into(),
+            uid: "uid-source".into(),
+        };
+        let machine = |name: &str, uid: &str, provider_id: Option<&str>| {
+            let mut m = capi::Machine::new(
+                name,
+                &capi::machine_resource(),
+                capi::MachineSpec {
+                    provider_id: provider_id.map(String::from),
+                    ..Default::default()
+                },
+            );
+            m.metadata.uid = Some(uid.into());
+            m
+        };
+        // Where it was claimed: the same Machine by name and UID.
+        assert!(is_previous_machine(
+            &machine("md-0-abc", "uid-source", None),
+            "h1",
+            &previous
+        ));
+        // Moved (`clusterctl move`): a new UID, the providerID of a claim of this host.
+        let moved = machine("md-0-abc", "uid-target", Some("byoh://h1/x7k2p9"));
+        assert!(is_previous_machine(&moved, "h1", &previous));
+        // Not this host's: the providerID names another host, one only starting like it, none.
+        assert!(!is_previous_machine(&moved, "h", &previous));
+        assert!(!is_previous_machine(&moved, "h10", &previous));
+        for other in [
+            Some("byoh://h10/x7k2p9"),
+            Some("h1/x7k2p9"),
+            Some("byoh://h1"),
+            None,
+        ] {
+            let m = machine("md-0-abc", "uid-target", other);
+            assert!(!is_previous_machine(&m, "h1", &previous), "{other:?}");
+        }
+        // Another name is another Machine, whatever its UID or providerID.
+        let renamed = machine("md-0-xyz", "uid-source", Some("byoh://h1/x7k2p9"));
+        assert!(!is_previous_machine(&renamed, "h1", &previous));
+    }
+
+    #[test]
+    fn machine_spec_reads_cluster_apis_provider_id_field() {
+        let spec: capi::MachineSpec =
+            serde_json::from_value(serde_json::json!({"providerID": "byoh://h1/abc123"})).unwrap();
+        assert_eq!(spec.provider_id.as_deref(), Some("byoh://h1/abc123"));
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use super::claim::{Claimed, claim_host, find_claimed_host};
 use super::moved;
 use super::{
-    WAIT_FOR_HOST_REQUEUE, apply_status, claim_blocker, machine_cached, machine_ref, mark_waiting,
-    now,
+    WAIT_FOR_HOST_REQUEUE, apply_status, claim_blocker, machine_ref, mark_waiting, now,
+    previous_machine_cached,
 };
 use crate::capi::{Cluster, Machine};
 use crate::context::Context;
@@ -132,8 +132,9 @@ pub(super) async fn provision(
         };
         let machines_known = ctx.machines_ready.is_ready();
         // Before the Machine cache is filled, absence proves nothing: keep such hosts held.
-        let machine_exists =
-            |m: &MachineReference| !machines_known || machine_cached(ctx, &n.ns, m);
+        let machine_exists = |host: &str, m: &MachineReference| {
+            !machines_known || previous_machine_cached(ctx, &n.ns, host, m)
+        };
         let min_memory_bytes = bm
             .spec
             .min_memory

@@ -1,7 +1,7 @@
 //! What makes a ByoMachine reconcile (watch mapping from Machines, Clusters, ByoHosts and
 //! Leases), and the ByoHost cache callback that clears honoured clean-up marks.
 
-use super::{error_policy, host_key, machine_cached, reconcile};
+use super::{error_policy, host_key, is_previous_machine, machine_cached, reconcile};
 use crate::capi::{Cluster, Machine};
 use crate::context::{CONCURRENCY, Context, Shutdown};
 use crate::error::{is_conflict, is_not_found};
@@ -146,14 +146,15 @@ fn infrastructure_of(machine: &Machine) -> Option<ObjectRef<ByoMachine>> {
 }
 
 /// Whether `machine` is gone from the Machine cache while a host of its namespace is held
-/// back for it (`spec.previousMachineRef` names its UID): that host is free now.
+/// back for it (`spec.previousMachineRef` names it, see [`is_previous_machine`]): that host is
+/// free now.
 fn releases_a_held_host(ctx: &Context, machine: &Machine) -> bool {
     let (Some(ns), Some(uid)) = (machine.namespace(), machine.uid()) else {
         return false;
     };
     let this = MachineReference {
         name: machine.name_any(),
-        uid: uid.clone(),
+        uid,
     };
     if machine_cached(ctx, &ns, &this) {
         return false;
@@ -163,7 +164,7 @@ fn releases_a_held_host(ctx: &Context, machine: &Machine) -> bool {
             && h.spec
                 .previous_machine_ref
                 .as_ref()
-                .is_some_and(|p| p.uid == uid)
+                .is_some_and(|p| is_previous_machine(machine, &h.name_any(), p))
     })
 }
 
