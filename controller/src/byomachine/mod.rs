@@ -82,9 +82,18 @@ pub fn random_suffix(n: usize) -> String {
         .collect()
 }
 
+/// Scheme of BYOH providerIDs.
+const PROVIDER_ID_SCHEME: &str = "byoh://";
+
 /// The providerID for a claim of `host`: `byoh://<host>/<6 random lower-case alnum>`.
 pub fn provider_id(host: &str) -> String {
-    format!("byoh://{host}/{}", random_suffix(6))
+    format!("{PROVIDER_ID_SCHEME}{host}/{}", random_suffix(6))
+}
+
+/// The host a providerID of [`provider_id`]'s shape names; `None` for any other shape.
+fn provider_id_host(id: &str) -> Option<&str> {
+    let (host, _) = id.strip_prefix(PROVIDER_ID_SCHEME)?.split_once('/')?;
+    Some(host)
 }
 
 fn now() -> Timestamp {
@@ -132,9 +141,8 @@ fn is_previous_machine(machine: &capi::Machine, host: &str, previous: &MachineRe
                 .spec
                 .provider_id
                 .as_deref()
-                .and_then(|id| id.strip_prefix("byoh://"))
-                .and_then(|rest| rest.split_once('/'))
-                .is_some_and(|(h, _)| h == host))
+                .and_then(provider_id_host)
+                .is_some_and(|h| h == host))
 }
 
 /// The CAPI Machine owning `bm` (controller ownerRef of kind `Machine`), as name and UID.
@@ -390,6 +398,7 @@ mod tests {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
         );
         assert_ne!(provider_id("h"), provider_id("h"));
+        assert_eq!(provider_id_host(&id), Some("host-1"));
     }
 
     #[test]
