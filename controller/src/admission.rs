@@ -27,8 +27,11 @@
 //!   [`labels::HOST_LEASES`]`=true`: the provider's namespace, where a Role grants the hosts'
 //!   group its Lease writes).
 //! - [`TEMPLATE_POLICY`]: `spec` of ByoMachineTemplates and ByoClusterTemplates is immutable on
-//!   UPDATE (CAPI's rule: make a new template and point to it), except requests whose object
-//!   carries the annotation `topology.cluster.x-k8s.io/dry-run` (ClusterClass dry-runs).
+//!   UPDATE (CAPI's rule: make a new template and point to it), except ClusterClass dry-runs:
+//!   requests that are dry runs (`request.dryRun`) **and** whose object carries the annotation
+//!   `topology.cluster.x-k8s.io/dry-run`, as Cluster API's own template webhooks decide
+//!   (`topology.IsDryRunRequest`: both, never the annotation alone, which anyone who may update
+//!   a template can add).
 //!
 //! Each policy has a binding of the same name with `validationActions: [Deny]`. The policies
 //! match host users by name, so the controller's own ServiceAccount (whatever namespace it runs
@@ -370,7 +373,7 @@ pub fn template_policy() -> ValidatingAdmissionPolicy {
         vec![],
         vec![validation(
             &format!(
-                "object.spec == oldObject.spec || (has(object.metadata.annotations) && '{}' in object.metadata.annotations)",
+                "object.spec == oldObject.spec || (has(request.dryRun) && request.dryRun == true && has(object.metadata.annotations) && '{}' in object.metadata.annotations)",
                 labels::TOPOLOGY_DRY_RUN
             ),
             "spec of a ByoMachineTemplate or ByoClusterTemplate is immutable; create a new template and point to it",

@@ -213,17 +213,38 @@ async fn template_specs_are_immutable_except_for_clusterclass_dry_runs() {
         )
         .await
         .unwrap();
-    // A ClusterClass dry-run (the annotation on the object) may change the spec.
-    let dry_run = json!({
+    // The ClusterClass annotation alone exempts nothing: anyone who may update a template could
+    // add it. Cluster API exempts a request only when it is a dry run *and* carries it.
+    let annotated = json!({
         "metadata": { "annotations": { byoh_api::labels::TOPOLOGY_DRY_RUN: "" } },
         "spec": { "template": { "spec": { "selector": { "matchLabels": { "site": "lab" } } } } }
     });
-    let pp = PatchParams {
+    let denied = templates
+        .patch("t", &PatchParams::default(), &Patch::Merge(&annotated))
+        .await
+        .expect_err("an annotated spec change that is not a dry run must be refused");
+    assert!(
+        matches!(&denied, kube::Error::Api(s) if s.message.contains("is immutable")),
+        "{denied:?}"
+    );
+    let kept = templates.get("t").await.unwrap();
+    assert!(
+        kept.spec.template.spec.selector.is_none(),
+        "the refused update changed the template: {:?}",
+        kept.spec
+    );
+    // A dry run without the annotation is refused too.
+    let dry = PatchParams {
         dry_run: true,
         ..Default::default()
     };
     templates
-        .patch("t", &pp, &Patch::Merge(&dry_run))
+        .patch("t", &dry, &Patch::Merge(&change_spec))
+        .await
+        .expect_err("a dry run without the ClusterClass annotation must be refused");
+    // A ClusterClass dry-run (a dry run whose object carries the annotation) may change the spec.
+    templates
+        .patch("t", &dry, &Patch::Merge(&annotated))
         .await
         .unwrap();
     ns.cleanup(&admin).await.unwrap();
