@@ -329,19 +329,6 @@ fn apply_body<T: serde::Serialize>(
     Ok(v)
 }
 
-/// Writes host `host`'s Role and RoleBinding (server-side apply, forced: the controller owns
-/// them). Used by the reconciler; public so tests and tools can grant a host its access.
-///
-/// # Errors
-/// [`HostAccessError`] if the API server refuses either object.
-pub async fn apply_host_access(
-    client: &kube::Client,
-    host: &ByoHost,
-) -> Result<(), HostAccessError> {
-    apply_role(client, host).await?;
-    apply_role_binding(client, host).await
-}
-
 fn api_error(
     kind: &'static str,
     host: &ByoHost,

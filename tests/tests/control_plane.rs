@@ -3,6 +3,8 @@
 //! cluster CA, bootstrap tokens (authentication and clean-up) and ValidatingAdmissionPolicy.
 //! Each test works in its own namespace.
 
+#![allow(clippy::expect_used)] // test code: a panic is the failure report
+
 use byoh_api::{ByoCluster, ByoClusterSpec, ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::eventually;

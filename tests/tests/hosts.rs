@@ -1,6 +1,8 @@
 //! Booted systemd hosts (tests/hosts/*): several at once, each a real systemd host with its own
 //! system bus, units and journal, and nothing left behind once stopped.
 
+#![allow(clippy::expect_used)] // test code: a panic is the failure report
+
 use byoh_tests::hosts::{self, BootOptions, Host};
 use std::path::Path;
 use std::time::Duration;

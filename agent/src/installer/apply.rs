@@ -283,7 +283,7 @@ impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
             copy_entry(&real, backup)?;
         }
         match what {
-            Placement::File(src, mode) => install_file(src, &real, mode)?,
+            Placement::File(src, mode) => install_file(src, &real, mode, None)?,
             Placement::Symlink(target) => {
                 let tmp = tmp_sibling(&real);
                 let _ = std::fs::remove_file(&tmp);
