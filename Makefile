@@ -5,7 +5,7 @@ CARGO ?= cargo
 CONFIG_DIR := controller/config
 
 .PHONY: e2e demo demo-down
-.PHONY: all build test test-unit test-integration bench bench-scale lint fmt verify manifests clean packages image lint-packages release check-links
+.PHONY: all build build-debug test test-unit test-integration bench bench-scale lint fmt verify manifests clean packages image lint-packages release check-links
 
 all: build
 
@@ -13,17 +13,75 @@ all: build
 build:
 	$(CARGO) build --workspace --all-targets
 
-## test: everything CI runs — unit tests, packages (built and linted) and the controller image,
-## then integration and system tests on the real test bed (tests/tests/packages.rs installs the
-## .deb on a booted host from dist/)
-test: verify test-unit packages lint-packages image test-integration
+## test: everything CI runs, as one graph of timed phases, several at once (docs/local_dev.md,
+## "How make test runs"): what the system tests need first (the test bed's programs and images,
+## the debug builds, the amd64 packages); the system and unit tests as soon as those are there;
+## verify, the arm64 packages, the controller image and the package lints beside them at a lower
+## CPU priority; then the system tests of those packages and the image (tests/tests/packages.rs
+## installs the .deb on a booted host from dist/). Ends with each phase's wall time and the test
+## count.
+test:
+	@if [[ -z "$${BYOH_PHASE_EPOCH:-}" ]]; then rm -f $(PHASE_LOG) $(TEST_COUNTS); BYOH_PHASE_EPOCH=$$(date +%s); fi; \
+	export BYOH_PHASE_EPOCH; mkdir -p target; rc=0; \
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) test-phases || rc=$$?; \
+	build-support/phase --table; \
+	echo "make test: $$(( $$(date +%s) - BYOH_PHASE_EPOCH )) s in all (from the start of .ci/run under CI)"; \
+	[[ ! -f $(TEST_COUNTS) ]] || awk '{ p += $$1; f += $$2; i += $$3 } END { printf "tests: %d passed, %d failed, %d ignored\n", p, f, i }' $(TEST_COUNTS); \
+	exit $$rc
+
+## The phases of `make test` (each one timed by build-support/phase; the names are those of the
+## table it ends with). At most TEST_JOBS phases at once; cargo and go use both cores anyway.
+TEST_JOBS ?= 4
+PHASE := build-support/phase
+PHASE_LOG := target/phases.txt
+TEST_COUNTS := target/test-counts.txt
+# Phases no test waits for: they get the CPU the tests leave (most test time waits on kubeadm,
+# systemd and the API server).
+BACKGROUND := nice -n 10
+# Tests that need every package (arm64 too) and the image (a release laid out from dist/ by
+# `packaging/release --no-build`): run once those exist.
+LATE_TESTS := packages release docs
+export BYOH_TEST_COUNTS := $(abspath $(TEST_COUNTS))
+.PHONY: test-phases phase-prepare phase-build phase-packaging-tools phase-packages-amd64 \
+	phase-system-tests phase-verify phase-packages-arm64 phase-image phase-lint-packages phase-late-tests
+test-phases: phase-verify phase-lint-packages phase-late-tests
+phase-prepare:
+	@$(PHASE) prepare tests/prepare
+phase-build:
+	@$(PHASE) build $(MAKE) --no-print-directory build-debug
+phase-packaging-tools:
+	@$(PHASE) packaging-tools packaging/build-packages --tools-only
+phase-packages-amd64: phase-packaging-tools
+	@$(PHASE) packages-amd64 packaging/build-packages --arch amd64
+phase-system-tests: phase-prepare phase-build phase-packages-amd64
+	@BYOH_TEST_PREBUILT=1 $(PHASE) system-tests tests/run tests/schedule $(addprefix --not ,$(LATE_TESTS))
+phase-verify: phase-build
+	@$(PHASE) verify $(BACKGROUND) $(MAKE) --no-print-directory verify
+phase-packages-arm64: phase-packages-amd64
+	@$(PHASE) packages-arm64 $(BACKGROUND) packaging/build-packages --arch arm64
+phase-image: phase-packages-amd64
+	@$(PHASE) image $(BACKGROUND) packaging/build-image
+phase-lint-packages: phase-packages-arm64
+	@$(PHASE) lint-packages $(BACKGROUND) packaging/lint-packages
+phase-late-tests: phase-system-tests phase-packages-arm64 phase-image
+	@BYOH_TEST_PREBUILT=1 $(PHASE) late-tests tests/run tests/schedule $(LATE_TESTS)
+
+## build-debug: the debug build tests run (every binary, every test target), in one feature
+## resolution for the whole workspace, so no later command rebuilds a dependency
+## (the test executables are listed in target/test-binaries.json, cargo's messages, which
+## tests/schedule reads under `make test`: BYOH_TEST_PREBUILT=1)
+build-debug:
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace --no-run --message-format=json-render-diagnostics >target/test-binaries.json.new
+	mv target/test-binaries.json.new target/test-binaries.json
 
 ## test-unit: fast tests of pure logic (no API server, no hosts)
 test-unit:
 	$(CARGO) test --workspace --exclude byoh-tests
 
-## test-integration: starts the test bed (control plane, host image), runs tests/, stops it
-test-integration:
+## test-integration: starts the test bed (control plane, host image), runs every test binary of
+## the workspace (tests/schedule: unit, integration and system tests, several at once), stops it
+test-integration: build-debug
 	tests/run
 
 ## e2e: only the end-to-end test (docs/e2e.md): a real `kubeadm join` of a host running the
@@ -61,22 +119,25 @@ fmt:
 
 ## manifests: regenerate the CRDs and clusterctl artifacts, and docs/agent.md, from the Rust code
 manifests:
-	$(CARGO) run --quiet -p byoh-controller -- manifests --dir $(CONFIG_DIR)
-	$(CARGO) run --quiet -p byoh-agent -- gen-docs agent > docs/agent.md
+	$(CARGO) build --quiet --workspace --bins
+	target/debug/byoh-controller manifests --dir $(CONFIG_DIR)
+	target/debug/byoh-agent gen-docs agent > docs/agent.md
 
 ## check-links: relative links and #anchors in every *.md (lychee, offline; build-support/check-links)
 check-links:
 	build-support/check-links
 
-## verify: lint, links, and fail if generated files differ from what the code generates
+## verify: lint, links, and fail if generated files differ from what the code generates (with
+## the debug binaries of build-debug, so verify builds nothing the tests do not)
 verify: lint check-links
+	@$(CARGO) build --quiet --workspace --bins
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	$(CARGO) run --quiet -p byoh-controller -- manifests --dir "$$tmp" >/dev/null; \
+	target/debug/byoh-controller manifests --dir "$$tmp" >/dev/null; \
 	if ! diff -r "$$tmp" $(CONFIG_DIR); then \
 	  echo "verify: $(CONFIG_DIR) differs from what the code generates; run 'make manifests' and commit" >&2; exit 1; \
 	fi; \
 	echo "verify: generated manifests are up to date"
-	@if ! $(CARGO) run --quiet -p byoh-agent -- gen-docs agent | diff - docs/agent.md; then \
+	@if ! target/debug/byoh-agent gen-docs agent | diff - docs/agent.md; then \
 	  echo "verify: docs/agent.md differs from what the code generates; run 'make manifests' and commit" >&2; exit 1; \
 	fi; \
 	echo "verify: docs/agent.md is up to date"

@@ -32,6 +32,22 @@ need_root() {
   [[ $(id -u) == 0 ]] || die "must run as root (systemd-nspawn, overlayfs mounts and nsenter need it)"
 }
 
+# inotify limits of this machine, raised (never lowered) before a host boots: every host's
+# systemd, journald, containerd and kubelet take inotify instances of the one root user, and the
+# kernel's default of 128 instances runs out with about ten hosts up at once (systemd in the next
+# one then fails with "Failed to create control group inotify object: Too many open files").
+# kind documents the same limits for its nodes.
+INOTIFY_MIN_INSTANCES=8192
+INOTIFY_MIN_WATCHES=1048576
+raise_inotify_limits() {
+  local key want have
+  for key in max_user_instances:$INOTIFY_MIN_INSTANCES max_user_watches:$INOTIFY_MIN_WATCHES; do
+    want=${key#*:} key=/proc/sys/fs/inotify/${key%%:*}
+    have=$(<"$key")
+    ((have >= want)) || echo "$want" >"$key"
+  done
+}
+
 # Host names become directory names, machine names and hostnames: keep them plain.
 check_name() {
   [[ ${1:-} =~ ^[a-z0-9][a-z0-9-]{0,62}$ ]] ||

@@ -31,23 +31,37 @@ pub use crate::eventually;
 /// kubeconfig may impersonate anyone).
 pub async fn impersonating(user: &str, groups: &[&str]) -> anyhow::Result<Client> {
     let path = control_plane::kubeconfig_path().context("no test control plane")?;
-    let mut config = control_plane::config_from(&path).await?;
+    impersonating_on(&path, user, groups).await
+}
+
+/// A client of the control plane whose admin kubeconfig is `kubeconfig` (e.g. a
+/// [`control_plane::PrivateControlPlane`]'s) that impersonates `user` in `groups`.
+pub async fn impersonating_on(
+    kubeconfig: &std::path::Path,
+    user: &str,
+    groups: &[&str],
+) -> anyhow::Result<Client> {
+    let mut config = control_plane::config_from(kubeconfig).await?;
     config.auth_info.impersonate = Some(user.into());
     config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
     Ok(Client::try_from(config)?)
 }
 
+/// The groups of the controller's ServiceAccount.
+const CONTROLLER_GROUPS: [&str; 3] = [
+    "system:serviceaccounts",
+    "system:serviceaccounts:byoh-system",
+    "system:authenticated",
+];
+
 /// A client acting as the controller's ServiceAccount (so only the generated RBAC applies).
 pub async fn controller_client() -> anyhow::Result<Client> {
-    impersonating(
-        CONTROLLER_SA,
-        &[
-            "system:serviceaccounts",
-            "system:serviceaccounts:byoh-system",
-            "system:authenticated",
-        ],
-    )
-    .await
+    impersonating(CONTROLLER_SA, &CONTROLLER_GROUPS).await
+}
+
+/// [`controller_client`] on the control plane whose admin kubeconfig is `kubeconfig`.
+pub async fn controller_client_on(kubeconfig: &std::path::Path) -> anyhow::Result<Client> {
+    impersonating_on(kubeconfig, CONTROLLER_SA, &CONTROLLER_GROUPS).await
 }
 
 /// A client acting as host `name` (user `byoh:host:<name>`, group `byoh:hosts`), as its
@@ -64,7 +78,12 @@ pub async fn host_client(name: &str) -> anyhow::Result<Client> {
 /// control plane.
 pub async fn token_client(token: &str) -> anyhow::Result<Client> {
     let path = control_plane::kubeconfig_path().context("no test control plane")?;
-    let mut config: Config = control_plane::config_from(&path).await?;
+    token_client_on(&path, token).await
+}
+
+/// [`token_client`] against the control plane whose admin kubeconfig is `kubeconfig`.
+pub async fn token_client_on(kubeconfig: &std::path::Path, token: &str) -> anyhow::Result<Client> {
+    let mut config: Config = control_plane::config_from(kubeconfig).await?;
     config.auth_info = kube::config::AuthInfo {
         token: Some(token.to_string().into()),
         ..Default::default()

@@ -27,7 +27,7 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Path of the agent binary built by `tests/run` (`cargo build -p byoh-agent`), as seen inside a
+/// Path of the agent binary built by `tests/run` (`cargo build --workspace --bins`), as seen inside a
 /// test host (the workspace's `target/` is mounted read-only at `/byoh/target`).
 pub const AGENT_IN_HOST: &str = "/byoh/target/debug/byoh-agent";
 

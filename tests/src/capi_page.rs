@@ -26,10 +26,11 @@ pub struct Page {
 }
 
 impl Page {
-    /// The page's blocks, and a workstation in a new work folder for `bed`.
+    /// The page's blocks in its section `heading` (e.g. `## 10.`: [`PageScript::section`]), and a
+    /// workstation in a new work folder for `bed`.
     ///
     /// Errors when the page cannot be read or has no such block, or the binaries' build fails.
-    pub fn new(bed: &CapiBed) -> anyhow::Result<Page> {
+    pub fn new(bed: &CapiBed, heading: &str) -> anyhow::Result<Page> {
         let dir = tempfile::tempdir()?;
         let build = script("tests/control-plane/build", &[])?;
         let kube_bin = Path::new(build.lines().next().context("no kube bin dir")?);
@@ -37,7 +38,7 @@ impl Page {
         std::fs::copy(bed.clusterctl.config(), dir.path().join("clusterctl.yaml"))?;
         Ok(Page {
             ws: Workstation::new(dir.path(), &[kube_bin, clusterctl_bin], bed.cp.kubeconfig())?,
-            script: PageScript::new(PAGE, &doc_blocks::CAPI)?,
+            script: PageScript::section(PAGE, &doc_blocks::CAPI, heading)?,
             _dir: dir,
         })
     }

@@ -25,7 +25,7 @@ impl ControllerProcess {
         let bin = crate::agent::repo_root().join("target/debug/byoh-controller");
         ensure!(
             bin.exists(),
-            "{} is missing: tests/run builds it (cargo build -p byoh-controller)",
+            "{} is missing: tests/run builds it (cargo build --workspace --bins)",
             bin.display()
         );
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "byoh-system");

@@ -106,12 +106,26 @@ pub struct PageScript {
 }
 
 impl PageScript {
-    /// The blocks of `page` whose info string is one of `info`.
+    /// The blocks of `page` whose info string is one of `info` and that lie in its section
+    /// `heading`: from the level-2 heading line (`## `) that starts with `heading` (e.g. `## 10.`)
+    /// to the next level-1 or level-2 heading, subsections included. Heading-like lines inside
+    /// code blocks are not headings.
     ///
-    /// Errors as [`page_blocks`] does, or when there are none.
-    pub fn new(page: &str, info: &[&str]) -> anyhow::Result<PageScript> {
-        let blocks: VecDeque<Block> = page_blocks(page, info)?.into();
-        ensure!(!blocks.is_empty(), "{page} has no {info:?} block");
+    /// Errors when the page cannot be read, has an unclosed block, has no such heading or no such
+    /// block in it.
+    pub fn section(page: &str, info: &[&str], heading: &str) -> anyhow::Result<PageScript> {
+        let md = std::fs::read_to_string(crate::agent::repo_root().join(page))
+            .with_context(|| format!("reading {page}"))?;
+        let (first, last) = section_lines(&md, heading)
+            .with_context(|| format!("{page} has no section {heading:?}"))?;
+        let blocks: VecDeque<Block> = fenced_blocks(page, &md)?
+            .into_iter()
+            .filter(|b| info.contains(&b.info.as_str()) && (first..=last).contains(&b.line))
+            .collect();
+        ensure!(
+            !blocks.is_empty(),
+            "{page} has no {info:?} block in its section {heading:?}"
+        );
         Ok(PageScript { blocks })
     }
 
@@ -146,6 +160,27 @@ impl PageScript {
         );
         Ok(())
     }
+}
+
+/// The lines (1-based, inclusive) of the section of Markdown `md` whose level-2 heading starts
+/// with `heading`, up to the line before the next level-1 or level-2 heading; `None` when there
+/// is no such heading. Lines inside fenced code blocks are never headings.
+pub fn section_lines(md: &str, heading: &str) -> Option<(usize, usize)> {
+    let mut in_fence = false;
+    let mut first = None;
+    for (i, line) in md.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        let is_section_heading = !in_fence && (line.starts_with("## ") || line.starts_with("# "));
+        match first {
+            None if is_section_heading && line.starts_with(heading) => first = Some(i + 1),
+            Some(f) if is_section_heading => return Some((f, i)),
+            _ => {}
+        }
+    }
+    first.map(|f| (f, md.lines().count()))
 }
 
 /// An operator's shell: a work folder (the current directory, `home/` its `HOME`), a `PATH`

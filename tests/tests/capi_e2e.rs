@@ -7,8 +7,9 @@
 //! Every step is asserted on what Cluster API reports. docs/getting_started.md's Cluster API
 //! steps (its `sh test-capi*` blocks: `kubectl apply` of the generated cluster and the waits for
 //! it, the move to another management cluster and the hosts' following) are run as written at
-//! the points of the scenario they describe ([`Page`]); the cluster is the page's `demo` in
-//! `byoh-pool`; a block left unrun fails the test.
+//! the points of the scenario they describe ([`Page`]: the page's section 8 by the first test,
+//! section 10 by the second; a third checks that no such block lies elsewhere); the clusters are
+//! the page's `demo` and `demo2` in `byoh-pool`; a block left unrun fails the test.
 //!
 //! The site (docs/e2e.md): a management control plane of the test's own; three hosts on the
 //! test network (`tests/hosts/boot --network --containers`: an address and ports of their own,
@@ -41,9 +42,12 @@
 //! endpoint. Delete the Cluster: every Machine gone, every host
 //! `Available` and clean, no ByoMachine or ByoCluster left, no host's Role granting a Secret or
 //! K8sInstallerConfig, the cluster's Secrets garbage-collected; the control-plane host's
-//! `cni0` and endpoint address removed by the agent's clean-up, without help. Then the
-//! ClusterClass flavor (`--flavor topology`, the ClusterClass added by `clusterctl generate`)
-//! on the same hosts: created, Available with the same checks. Then `clusterctl move` of that
+//! `cni0` and endpoint address removed by the agent's clean-up, without help.
+//!
+//! The second test, on a bed of its own and at the same time as the first (issue 35: the two
+//! halves of what was one 15-minute scenario): the ClusterClass flavor (`--flavor topology`,
+//! the ClusterClass added by `clusterctl generate`): created, Available with the same checks.
+//! Then `clusterctl move` of that
 //! running cluster to a second management cluster ([`TargetManagement`]): nothing of the
 //! namespace left on the source, every ByoHost on the target with the same claims; the hosts
 //! follow by the page's procedure (each ByoHost allowed one enrolment, the target's bootstrap
@@ -62,7 +66,7 @@ use byoh_tests::agent::wait_for;
 use byoh_tests::capi_bed::{CapiBed, KUBERNETES_VERSION, as_hosts_reach_it, inventory};
 use byoh_tests::capi_cluster::{CapiCluster, condition_true, node_ready, skip_system_verification};
 use byoh_tests::capi_move::TargetManagement;
-use byoh_tests::capi_page::Page;
+use byoh_tests::capi_page::{PAGE, Page};
 use byoh_tests::doc_blocks;
 use byoh_tests::hosts;
 use byoh_tests::manifests::apply_yaml;
@@ -73,11 +77,20 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use std::time::Duration;
 
-/// The cluster's control-plane endpoint, in the test network's free range `198.18.0.200-254`
-/// (one per test process, so that runs of other worktrees on the same bridge do not collide).
-fn endpoint_ip() -> String {
-    format!("198.18.0.{}", 200 + std::process::id() % 55)
+/// The control-plane endpoint of the cluster named `cluster`, in the test network's range for
+/// endpoints `198.18.0.200-239`: a pair per test process (so that runs of other worktrees on
+/// the same bridge do not collide), [`CLUSTER`] the first of it, [`TOPOLOGY_CLUSTER`] the second
+/// (the two tests of this file run at once). `198.18.0.240-254` are the fixed addresses of
+/// other tests and the demo (hygiene.rs adds .250 and .251 on a host of the bridge while this
+/// test may run beside it).
+fn endpoint_ip(cluster: &str) -> String {
+    let second = u32::from(cluster == TOPOLOGY_CLUSTER);
+    format!("198.18.0.{}", 200 + (std::process::id() % 20) * 2 + second)
 }
+/// The sections of docs/getting_started.md whose Cluster API blocks the two tests run: creating
+/// the cluster, and moving to another management cluster.
+const CREATE_SECTION: &str = "## 8.";
+const MOVE_SECTION: &str = "## 10.";
 /// The namespace of the pool and the clusters, as in docs/getting_started.md.
 const POOL: &str = "byoh-pool";
 /// The name of the cluster, as in docs/getting_started.md.
@@ -97,12 +110,12 @@ async fn create(
     mut page: Option<&mut Page>,
 ) -> anyhow::Result<()> {
     let bed = c.bed;
-    let yaml = c.generate(flavor, &endpoint_ip())?;
+    let yaml = c.generate(flavor, &endpoint_ip(c.name))?;
     ensure!(!yaml.contains("${"), "unsubstituted variable in:\n{yaml}");
     let yaml = skip_system_verification(&yaml)?;
     // KCP creates the first control-plane Machine; our controller gives it a host, on which
     // the test stands in for kube-vip meanwhile.
-    let endpoint = endpoint_ip();
+    let endpoint = endpoint_ip(c.name);
     let claimed = c.control_plane_host(&endpoint, Duration::from_secs(180));
     let (cp_machine, cp_host_name) = match page.as_deref_mut() {
         Some(page) => {
@@ -159,7 +172,7 @@ async fn create(
         },
     )
     .await?;
-    let want = format!("https://{}:6443", endpoint_ip());
+    let want = format!("https://{}:6443", endpoint_ip(c.name));
     ensure!(
         server.trim_end_matches('/') == want,
         "the workload kubeconfig's server is {server}, not the endpoint {want}"
@@ -414,7 +427,7 @@ async fn control_plane_rollout(c: &CapiCluster<'_>, free: &str) -> anyhow::Resul
     bed.phases.done(&format!(
         "control-plane rollout: new Machine claimed {free}"
     ));
-    let vip = format!("{}/32", endpoint_ip());
+    let vip = format!("{}/32", endpoint_ip(c.name));
     let old_host = bed.host(&old)?;
     wait_for(
         "the old control-plane host's clean-up to remove the endpoint address",
@@ -510,7 +523,7 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         c.wait_released_clean(host.name(), Duration::from_secs(300))
             .await?;
     }
-    let vip = format!("{}/32", endpoint_ip());
+    let vip = format!("{}/32", endpoint_ip(c.name));
     let host = bed.host(&cp_host)?;
     let links = host.run(&["ip", "-br", "link"]).await?;
     let addresses = host.run(&["ip", "-br", "addr"]).await?;
@@ -747,8 +760,11 @@ async fn move_cluster<'a>(
     Ok(moved)
 }
 
-async fn scenario(bed: &CapiBed, target: &mut Option<TargetManagement>) -> anyhow::Result<()> {
-    let mut page = Page::new(bed)?;
+/// The first cluster's life, from docs/getting_started.md's section 8: created by the page's
+/// blocks, paused and scaled, scaled down, rolled out (workers, then the control plane) and
+/// deleted, on one bed.
+async fn lifecycle(bed: &CapiBed) -> anyhow::Result<()> {
+    let mut page = Page::new(bed, CREATE_SECTION)?;
     let c = CapiCluster::new(bed, CLUSTER);
     create(&c, None, Some(&mut page)).await?;
     let workers = scale_up_while_paused(&c).await?;
@@ -764,9 +780,18 @@ async fn scenario(bed: &CapiBed, target: &mut Option<TargetManagement>) -> anyho
     // The worker's old host is free again: KCP's replacement control-plane Machine takes it.
     control_plane_rollout(&c, &worker).await?;
     delete(&c).await?;
-    // The ClusterClass flavor on the same hosts, back in the pool: Cluster API's topology
-    // controller makes the KubeadmControlPlane, MachineDeployment and templates from the
-    // ClusterClass `clusterctl generate` adds; the cluster works and goes the same way.
+    page.script.finish()
+}
+
+/// A cluster from the ClusterClass, moved: from docs/getting_started.md's section 10.
+async fn clusterclass_and_move(
+    bed: &CapiBed,
+    target: &mut Option<TargetManagement>,
+) -> anyhow::Result<()> {
+    let mut page = Page::new(bed, MOVE_SECTION)?;
+    // The ClusterClass flavor: Cluster API's topology controller makes the
+    // KubeadmControlPlane, MachineDeployment and templates from the ClusterClass `clusterctl
+    // generate` adds; the cluster works as the first one does.
     let topology = CapiCluster::new(bed, TOPOLOGY_CLUSTER);
     create(&topology, Some("topology"), None).await?;
     // Moved to a second management cluster, it is deleted there. BYOH goes on it by the page's
@@ -804,29 +829,47 @@ async fn scenario(bed: &CapiBed, target: &mut Option<TargetManagement>) -> anyho
     page.script.finish()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_api_makes_scales_and_deletes_a_cluster_on_byoh_hosts() {
+/// Every Cluster API block of docs/getting_started.md lies in a section one of the two tests
+/// runs (each test checks it ran all of its section's).
+#[test]
+fn the_two_tests_run_every_cluster_api_block_of_the_page() {
+    let md = std::fs::read_to_string(byoh_tests::agent::repo_root().join(PAGE)).unwrap();
+    let sections: Vec<(usize, usize)> = [CREATE_SECTION, MOVE_SECTION]
+        .iter()
+        .map(|h| doc_blocks::section_lines(&md, h).unwrap())
+        .collect();
+    let blocks = doc_blocks::page_blocks(PAGE, &doc_blocks::CAPI).unwrap();
+    assert!(blocks.len() >= 10, "{blocks:?}");
+    for b in &blocks {
+        assert!(
+            sections.iter().any(|(f, l)| (*f..=*l).contains(&b.line)),
+            "{PAGE}:{}: a `{}` block outside the sections {CREATE_SECTION:?} and {MOVE_SECTION:?} that capi_e2e runs",
+            b.line,
+            b.info
+        );
+    }
+}
+
+/// Starts a bed of three hosts and runs `scenario` on it (`target`: the second management
+/// cluster it may start); on failure prints the diagnostics of `cluster` and of the target; the
+/// phase table at the end.
+async fn on_a_bed<F>(cluster: &str, scenario: F)
+where
+    F: AsyncFnOnce(&CapiBed, &mut Option<TargetManagement>) -> anyhow::Result<()>,
+{
     if !hosts::available() {
         return;
     }
     let bed = CapiBed::start(3, POOL).await.unwrap();
     let mut target = None;
-    let result = scenario(&bed, &mut target).await;
-    if let Err(e) = &result {
+    if let Err(e) = scenario(&bed, &mut target).await {
         if let Some(t) = &target {
             eprintln!(
                 "{}",
-                t.diagnostics(&bed.clusterctl, bed.ns.as_str(), TOPOLOGY_CLUSTER)
+                t.diagnostics(&bed.clusterctl, bed.ns.as_str(), cluster)
             );
         }
-        // The cluster the failing step worked on: the ClusterClass one once it exists.
-        let topology = bed.capi("Cluster").get_opt(TOPOLOGY_CLUSTER).await;
-        let current = if matches!(topology, Ok(Some(_))) {
-            TOPOLOGY_CLUSTER
-        } else {
-            CLUSTER
-        };
-        eprintln!("{}", bed.diagnostics(current).await);
+        eprintln!("{}", bed.diagnostics(cluster).await);
         panic!("{e:#}");
     }
     eprintln!("{}", bed.phases.table());
@@ -834,4 +877,14 @@ async fn cluster_api_makes_scales_and_deletes_a_cluster_on_byoh_hosts() {
     for h in hosts {
         let _ = h.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_api_makes_scales_rolls_out_and_deletes_a_cluster_on_byoh_hosts() {
+    on_a_bed(CLUSTER, async |bed, _| lifecycle(bed).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clusterclass_cluster_is_moved_to_another_management_cluster_and_deleted_there() {
+    on_a_bed(TOPOLOGY_CLUSTER, clusterclass_and_move).await;
 }

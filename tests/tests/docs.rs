@@ -159,8 +159,14 @@ async fn getting_started_works_as_written() {
         &control_plane::kubeconfig_path().unwrap(),
     )
     .unwrap();
-    check(Command::new("cargo").args(["build", "--quiet", "-p", "byoh-controller"]));
+    // Built by tests/run (`cargo build --workspace --bins`) before any test starts; a build here
+    // of the controller alone would resolve other features and relink the binary other tests run.
     let controller_bin = root.join("target/debug/byoh-controller");
+    assert!(
+        controller_bin.is_file(),
+        "{} is missing: tests/run builds it",
+        controller_bin.display()
+    );
 
     let host = Host::boot("docs").await.unwrap();
     let mut controller: Option<Controller> = None;

@@ -13,7 +13,7 @@
 use byoh_api::ByoHost;
 use byoh_controller::csr::{self, CsrOptions};
 use byoh_tests::access::*;
-use byoh_tests::control_plane::TestNamespace;
+use byoh_tests::control_plane::{PrivateControlPlane, TestNamespace};
 use byoh_tests::{agent, control_plane};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
@@ -177,7 +177,7 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
         return;
     };
     install_components(&admin).await.unwrap();
-    manual_approval_leaves_valid_csrs_pending(&admin).await;
+    manual_approval_leaves_valid_csrs_pending().await;
     let approver = tokio::spawn(csr::run(
         controller_client().await.unwrap(),
         CsrOptions::default(),
@@ -503,10 +503,14 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
 }
 
 /// `--manual-csr-approval`: a valid CSR gets a Normal Event telling the admin to approve it,
-/// and stays pending.
-async fn manual_approval_leaves_valid_csrs_pending(admin: &Client) {
+/// and stays pending. On a control plane of its own: on the shared one, the controllers other
+/// tests run at the same time approve every valid CSR (CSRs are cluster-wide).
+async fn manual_approval_leaves_valid_csrs_pending() {
+    let cp = PrivateControlPlane::start().unwrap();
+    let admin = &cp.client().await.unwrap();
+    install_components(admin).await.unwrap();
     let approver = tokio::spawn(csr::run(
-        controller_client().await.unwrap(),
+        controller_client_on(cp.kubeconfig()).await.unwrap(),
         CsrOptions {
             manual: true,
             instance: Some("manual-test".into()),
@@ -516,7 +520,7 @@ async fn manual_approval_leaves_valid_csrs_pending(admin: &Client) {
     let token = agent::create_bootstrap_token(admin, Duration::from_secs(3600))
         .await
         .unwrap();
-    let bootstrapper = token_client(&token).await.unwrap();
+    let bootstrapper = token_client_on(cp.kubeconfig(), &token).await.unwrap();
     let run = random_lower(6);
     let name = format!("byoh-manual-{run}");
     file(&bootstrapper, &name, &valid(&format!("manual-{run}"))).await;
