@@ -362,7 +362,8 @@ pub async fn host_csrs(
 }
 
 /// Waits up to `timeout` for the host's CSR and approves it as an admin would
-/// (`kubectl certificate approve`). Returns its name.
+/// (`kubectl certificate approve`), unless it is approved already (by a controller of another
+/// test on the shared control plane). Returns its name.
 ///
 /// Errors on time-out or when the approval is refused.
 pub async fn approve_host_csr(
@@ -375,6 +376,19 @@ pub async fn approve_host_csr(
     loop {
         if let Some(mut csr) = host_csrs(client, host).await?.into_iter().next() {
             let name = csr.metadata.name.clone().unwrap_or_default();
+            // Approved already: by a controller another test runs on the shared control plane
+            // at the same time (CSRs are cluster-wide), which is what a cluster would do.
+            let approved = csr
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Approved" && c.status == "True")
+                });
+            if approved {
+                return Ok(name);
+            }
             csr.status = Some(CertificateSigningRequestStatus {
                 conditions: Some(vec![CertificateSigningRequestCondition {
                     type_: "Approved".into(),
@@ -385,9 +399,15 @@ pub async fn approve_host_csr(
                 }]),
                 ..Default::default()
             });
-            api.replace_subresource("approval", &name, &PostParams::default(), &csr)
-                .await?;
-            return Ok(name);
+            match api
+                .replace_subresource("approval", &name, &PostParams::default(), &csr)
+                .await
+            {
+                Ok(_) => return Ok(name),
+                // Changed since it was read (e.g. approved meanwhile): read it again below.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         if tokio::time::Instant::now() > deadline {
             bail!("no CSR from host {host} within {timeout:?}");
