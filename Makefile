@@ -15,15 +15,15 @@ build:
 
 ## test: everything CI runs, as one graph of timed phases, several at once (docs/local_dev.md,
 ## "How make test runs"): what the system tests need first (the test bed's programs and images,
-## the debug builds, the amd64 packages); the system and unit tests as soon as those are there;
-## verify, the arm64 packages, the controller image and the package lints beside them at a lower
-## CPU priority; then the system tests of those packages and the image (tests/tests/packages.rs
-## installs the .deb on a booted host from dist/). Ends with each phase's wall time and the test
-## count.
+## the debug builds, the amd64 packages); the tests as soon as those are there, those of the arm64
+## packages and the image (tests/tests/packages.rs, release.rs, docs.rs) among them once those
+## exist; verify, the arm64 packages, the controller image and the package lints beside them at a
+## lower CPU priority. `make -k`: a failed phase stops only what needs it, so one run shows every
+## failure. Ends with each phase's wall time and the test count.
 test:
 	@if [[ -z "$${BYOH_PHASE_EPOCH:-}" ]]; then rm -f $(PHASE_LOG) $(TEST_COUNTS); BYOH_PHASE_EPOCH=$$(date +%s); fi; \
-	export BYOH_PHASE_EPOCH; mkdir -p target; rc=0; \
-	$(MAKE) --no-print-directory -j$(TEST_JOBS) test-phases || rc=$$?; \
+	export BYOH_PHASE_EPOCH; mkdir -p target; rm -f $(LATE_GATE); rc=0; \
+	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) test-phases || rc=$$?; \
 	build-support/phase --table; \
 	echo "make test: $$(( $$(date +%s) - BYOH_PHASE_EPOCH )) s in all (from the start of .ci/run under CI)"; \
 	[[ ! -f $(TEST_COUNTS) ]] || awk '{ p += $$1; f += $$2; i += $$3 } END { printf "tests: %d passed, %d failed, %d ignored\n", p, f, i }' $(TEST_COUNTS); \
@@ -38,13 +38,18 @@ TEST_COUNTS := target/test-counts.txt
 # Phases no test waits for: they get the CPU the tests leave (most test time waits on kubeadm,
 # systemd and the API server).
 BACKGROUND := nice -n 10
+# Phases a few tests wait for, which must end before the other tests do: a smaller share.
+SOONER := nice -n 5
 # Tests that need every package (arm64 too) and the image (a release laid out from dist/ by
-# `packaging/release --no-build`): run once those exist.
+# `packaging/release --no-build`): held back in the tests phase until LATE_GATE says "ok"
+# (tests/schedule --after), written once the arm64 packages and the image are built, or
+# "failed" by the phase that failed.
 LATE_TESTS := packages release docs
+LATE_GATE := target/late-tests-gate
 export BYOH_TEST_COUNTS := $(abspath $(TEST_COUNTS))
 .PHONY: test-phases phase-prepare phase-build phase-packaging-tools phase-packages-amd64 \
-	phase-system-tests phase-verify phase-packages-arm64 phase-image phase-lint-packages phase-late-tests
-test-phases: phase-verify phase-lint-packages phase-late-tests
+	phase-tests phase-verify phase-packages-arm64 phase-image phase-lint-packages phase-late-gate
+test-phases: phase-tests phase-verify phase-lint-packages phase-late-gate
 phase-prepare:
 	@$(PHASE) prepare tests/prepare
 phase-build:
@@ -53,18 +58,18 @@ phase-packaging-tools:
 	@$(PHASE) packaging-tools packaging/build-packages --tools-only
 phase-packages-amd64: phase-packaging-tools
 	@$(PHASE) packages-amd64 packaging/build-packages --arch amd64
-phase-system-tests: phase-prepare phase-build phase-packages-amd64
-	@BYOH_TEST_PREBUILT=1 $(PHASE) system-tests tests/run tests/schedule $(addprefix --not ,$(LATE_TESTS))
+phase-tests: phase-prepare phase-build phase-packages-amd64
+	@BYOH_TEST_PREBUILT=1 $(PHASE) tests tests/run tests/schedule $(foreach t,$(LATE_TESTS),--after $(LATE_GATE) $(t))
 phase-verify: phase-build
 	@$(PHASE) verify $(BACKGROUND) $(MAKE) --no-print-directory verify
 phase-packages-arm64: phase-packages-amd64
-	@$(PHASE) packages-arm64 $(BACKGROUND) packaging/build-packages --arch arm64
+	@$(PHASE) packages-arm64 $(SOONER) packaging/build-packages --arch arm64 || { echo "failed: packages-arm64" >$(LATE_GATE); exit 1; }
 phase-image: phase-packages-amd64
-	@$(PHASE) image $(BACKGROUND) packaging/build-image
+	@$(PHASE) image $(SOONER) packaging/build-image || { echo "failed: image" >$(LATE_GATE); exit 1; }
+phase-late-gate: phase-packages-arm64 phase-image
+	@echo ok >$(LATE_GATE)
 phase-lint-packages: phase-packages-arm64
 	@$(PHASE) lint-packages $(BACKGROUND) packaging/lint-packages
-phase-late-tests: phase-system-tests phase-packages-arm64 phase-image
-	@BYOH_TEST_PREBUILT=1 $(PHASE) late-tests tests/run tests/schedule $(LATE_TESTS)
 
 ## build-debug: the debug build tests run (every binary, every test target), in one feature
 ## resolution for the whole workspace, so no later command rebuilds a dependency

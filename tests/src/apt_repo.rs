@@ -88,8 +88,9 @@ pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// Builds `NAME_VERSION_ARCH.deb` of `package` in `dir` with `dpkg-deb` (root-owned files) and
-/// returns its path. Errors when `dpkg-deb` fails.
+/// Builds `NAME_VERSION_ARCH.deb` of `package` in `dir` with `dpkg-deb` (root-owned files, gzip
+/// at level 1: test packages of large binaries, where dpkg-deb's default level 9 only costs CPU)
+/// and returns its path. Errors when `dpkg-deb` fails.
 pub fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<PathBuf> {
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().join("pkg");
@@ -125,7 +126,7 @@ pub fn build_deb(dir: &Path, package: &Package) -> anyhow::Result<PathBuf> {
         package.name, package.version, package.arch
     ));
     run(Command::new("dpkg-deb")
-        .args(["--build", "--root-owner-group", "-Zgzip"])
+        .args(["--build", "--root-owner-group", "-Zgzip", "-z1"])
         .arg(&root)
         .arg(&deb))?;
     Ok(deb)

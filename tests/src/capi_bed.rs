@@ -286,11 +286,19 @@ pub struct PackageMirror {
     _key: GpgKey,
 }
 
+/// A package mirror's content before it is served: the repository's files (URL path → body)
+/// and the key that signed its `InRelease`.
+pub struct MirrorPackages {
+    files: Vec<(String, Vec<u8>)>,
+    key: GpgKey,
+}
+
 impl PackageMirror {
-    /// Builds the packages of the test bed's binaries and serves them, the key signed by `ca`.
+    /// The packages of the test bed's binaries (kubeadm, kubelet, kubectl, CNI plugins, …) as
+    /// the files of a flat repository, signed by a new key: what [`PackageMirror::serve`] serves.
     ///
-    /// Errors when a package, the signature or a server fails.
-    pub async fn start(ca: &TestCa) -> anyhow::Result<PackageMirror> {
+    /// Errors when a package or the signature fails.
+    pub fn packages() -> anyhow::Result<MirrorPackages> {
         let artifacts = kubeadm::stage_artifacts()?;
         let packages = apt_repo::kubernetes(
             PACKAGE_VERSION,
@@ -301,6 +309,14 @@ impl PackageMirror {
         let key = GpgKey::generate("BYOH e2e mirror <mirror@byoh.invalid>")?;
         let signed = key.clearsign(apt_repo::release_of(&files)?)?;
         files.push(("/InRelease".into(), signed));
+        Ok(MirrorPackages { files, key })
+    }
+
+    /// Serves `packages`, the key over TLS with a certificate signed by `ca`.
+    ///
+    /// Errors when a server fails to start.
+    pub async fn serve(packages: MirrorPackages, ca: &TestCa) -> anyhow::Result<PackageMirror> {
+        let MirrorPackages { files, key } = packages;
         let repo = FileServer::start(files).await?;
         let keys =
             FileServer::start_tls(vec![("/Release.key".into(), key.armored_public_key()?)], ca)
@@ -383,15 +399,28 @@ impl CapiBed {
     pub async fn start(n_hosts: usize, pool: &str) -> anyhow::Result<CapiBed> {
         let phases = Phases::default();
         phases.begin();
-        let cp = PrivateControlPlane::start()?;
+        // Side by side, as none needs another: the management control plane with Cluster API's
+        // managers, the registry with the package mirror's packages, and the hosts' boot. Each
+        // part is awaited before any error is returned, so a failed one stops the others' parts
+        // (their Drop) before the test ends.
+        let managers = tokio::task::spawn_blocking(|| -> anyhow::Result<_> {
+            let cp = PrivateControlPlane::start()?;
+            let capi = CapiManagers::start(cp.kubeconfig())?;
+            Ok((cp, capi))
+        });
+        let served = tokio::task::spawn_blocking(|| -> anyhow::Result<_> {
+            Ok((Registry::serve()?, PackageMirror::packages()?))
+        });
+        let hosts = boot_hosts(n_hosts).await;
+        let served = served.await.context("the registry and mirror task")?;
+        let managers = managers.await.context("the control plane task")?;
+        let (cp, capi) = managers?;
+        let (registry, packages) = served?;
+        let hosts = hosts?;
+        phases.done("side by side: management control plane, Cluster API managers (core, CABPK, KCP), registry, package mirror's packages, hosts booted");
         let admin = cp.client().await?;
-        phases.done("management control plane up");
-        let capi = CapiManagers::start(cp.kubeconfig())?;
-        phases.done("Cluster API managers up (core, CABPK, KCP)");
-        let registry = Registry::serve()?;
         let ca = TestCa::new("BYOH e2e site CA")?;
-        let mirror = PackageMirror::start(&ca).await?;
-        phases.done("images served, package mirror built and served");
+        let mirror = PackageMirror::serve(packages, &ca).await?;
         let clusterctl = Clusterctl::new()?;
         clusterctl.install_byoh(cp.kubeconfig())?;
         let ns = pool.to_string();
@@ -409,7 +438,6 @@ impl CapiBed {
             .context("the pool's namespace")?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), ns.as_str()).await?;
         phases.done("BYOH installed by clusterctl init, controller started");
-        let hosts = boot_hosts(n_hosts).await?;
         for host in &hosts {
             machine::prepare(
                 host,
@@ -418,7 +446,7 @@ impl CapiBed {
             )
             .await?;
         }
-        phases.done("hosts booted on the test network and prepared");
+        phases.done("package mirror served; hosts prepared (CAs, registry, sandbox image)");
         let (server, ca_data) = as_hosts_reach_it(cp.kubeconfig())?;
         let labeled: Vec<(&Host, &str)> = hosts.iter().map(|h| (h, "capi")).collect();
         pool::register(&admin, ns.as_str(), &server, &ca_data, &labeled).await?;
