@@ -173,6 +173,10 @@ pub mod reasons {
     pub const WAITING_FOR_CONTROL_PLANE: &str = "WaitingForControlPlaneInitialized";
     /// ByoMachine: no free, live, fitting host matches the selector.
     pub const NO_HOST_AVAILABLE: &str = "NoHostAvailable";
+    /// ByoMachine: its installer config cannot install the Machine's Kubernetes version
+    /// (message: what names another version and the fix); no host is claimed
+    /// ([`crate::installer::K8sInstallerConfigSpec::cannot_serve`]).
+    pub const INSTALLER_CANNOT_SERVE_VERSION: &str = "InstallerCannotServeVersion";
     /// ByoMachine: a host is claimed and bootstrapping.
     pub const WAITING_FOR_BOOTSTRAP: &str = "WaitingForBootstrap";
     /// ByoMachine: the claimed host is being reset.
@@ -243,6 +247,7 @@ pub mod reasons {
         WAITING_FOR_BOOTSTRAP_DATA,
         WAITING_FOR_CONTROL_PLANE,
         NO_HOST_AVAILABLE,
+        INSTALLER_CANNOT_SERVE_VERSION,
         WAITING_FOR_BOOTSTRAP,
         RELEASING,
         HOST_DELETED,

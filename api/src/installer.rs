@@ -60,7 +60,11 @@ pub struct PreinstalledSource {
 #[serde(rename_all = "camelCase")]
 pub struct PackagesSource {
     /// apt repository: the `URIs` of a deb822 source (e.g.
-    /// `https://pkgs.k8s.io/core:/stable:/v1.36/deb/`), used on Debian and Ubuntu hosts. An
+    /// `https://pkgs.k8s.io/core:/stable:/{minor}/deb/`), used on Debian and Ubuntu hosts.
+    /// `{minor}` here, in `dnfRepository` and in `keyURL` stands for the Machine's minor
+    /// version (`v1.37` for `v1.37.2`), so one template serves every version; a repository
+    /// of one minor (`…/v1.36/deb/`) serves only that minor, and a Machine of another is
+    /// refused before a host is claimed (`InstallerCannotServeVersion`). An
     /// `http://` or `https://` URL of printable ASCII (no spaces, newlines or other control
     /// characters: the value is written into the source file), at most 2048 bytes.
     /// Plain http is allowed because apt checks the repository's signature with `keyURL`.
@@ -81,7 +85,8 @@ pub struct PackagesSource {
     #[x_kube(validation = Rule::new("self.matches('^https://[!-~]+$')").message("keyURL must be an https URL of printable ASCII characters, without spaces, newlines or control characters"))]
     pub key_url: Option<String>,
     /// Exact package version to install and hold (e.g. `1.36.1-1.1`); absent means the
-    /// Machine's Kubernetes version with the repository's usual suffix. A digit, then digits,
+    /// Machine's Kubernetes version with the repository's usual suffix. A pin serves only
+    /// Machines of its version: leave it out for a template that upgrades serve. A digit, then digits,
     /// letters and `.+~:_^-` (the Debian and RPM version characters), at most
     /// 128 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -17,6 +17,7 @@ pub mod conditions;
 pub mod crds;
 pub mod finalizers;
 pub mod installer;
+pub mod installer_version;
 pub mod labels;
 pub mod names;
 pub mod quantity;

@@ -25,8 +25,21 @@ use kube::{Api, Resource, ResourceExt};
 /// Kind accepted in `ByoMachine.spec.installerRef`.
 pub const TEMPLATE_KIND: &str = "K8sInstallerConfigTemplate";
 
+/// What [`ensure`] found: the reference the claim carries, or why the config cannot install
+/// the Machine's version.
+#[derive(Debug)]
+pub enum Ensured {
+    /// The config is ready; the claim points the agent at it.
+    Ready(TypedLocalObjectReference),
+    /// The config names another Kubernetes version than the Machine's (the message of
+    /// [`byoh_api::installer::K8sInstallerConfigSpec::cannot_serve`]): no host may be claimed,
+    /// and the config is not marked ready.
+    CannotServe(String),
+}
+
 /// Makes sure the ByoMachine's `K8sInstallerConfig` exists and is ready; returns the reference
-/// the claim carries.
+/// the claim carries, or why it cannot install `Machine.spec.version` (checked before any
+/// host is claimed: issue 36).
 ///
 /// # Errors
 /// [`Error::Invalid`] when the reference is not a `K8sInstallerConfigTemplate` of BYOH's group,
@@ -37,7 +50,7 @@ pub async fn ensure(
     template_ref: &TypedLocalObjectReference,
     machine: &Machine,
     cluster_name: &str,
-) -> Result<TypedLocalObjectReference, Error> {
+) -> Result<Ensured, Error> {
     let name = bm.name_any();
     let ns = bm.namespace().unwrap_or_default();
     if template_ref.kind != TEMPLATE_KIND || template_ref.api_group != byoh_api::GROUP {
@@ -88,6 +101,14 @@ pub async fn ensure(
             }
         }
     };
+    if let Some(why) = machine
+        .spec
+        .version
+        .as_deref()
+        .and_then(|v| config.spec.cannot_serve(v))
+    {
+        return Ok(Ensured::CannotServe(why));
+    }
     let want = K8sInstallerConfigStatus {
         ready: true,
         kubernetes_version: machine.spec.version.clone(),
@@ -114,11 +135,11 @@ pub async fn ensure(
                 "applying status of K8sInstallerConfig {ns}/{name}"
             )))?;
     }
-    Ok(TypedLocalObjectReference {
+    Ok(Ensured::Ready(TypedLocalObjectReference {
         api_group: byoh_api::GROUP.into(),
         kind: "K8sInstallerConfig".into(),
         name,
-    })
+    }))
 }
 
 /// The K8sInstallerConfig for `bm` made from `template` (pure).

@@ -249,20 +249,26 @@ impl Keys {
     }
 }
 
-/// The repositories served and configured: `signed` and `unsigned` over HTTP on loopback, the
-/// keys over HTTPS (`keyURL` must be https) with a test CA, K8sInstallerConfigs `good` (signed,
-/// its key), `wrong-key` (signed, the other key) and `unsigned` (unsigned, the right key), and
-/// the bootstrap Secret `data` ([`DATA`]).
+/// The repositories served and configured: `signed` and `unsigned` over HTTP on loopback, under
+/// `/v1.36/` as pkgs.k8s.io publishes one repository per minor, the keys over HTTPS (`keyURL`
+/// must be https) with a test CA, K8sInstallerConfigs `good` (signed, its key), `wrong-key`
+/// (signed, the other key) and `unsigned` (unsigned, the right key), their repository URLs
+/// written with `{minor}` in place of `v1.36` (the agent resolves it from the claim's version,
+/// v1.36.3: issue 36), and the bootstrap Secret `data` ([`DATA`]).
 pub struct Served {
     /// The keys.
     pub keys: Keys,
-    /// The signed repository's URL.
+    /// The signed repository's URL, as the agent must resolve it (`…/v1.36/signed/`).
     pub signed: String,
     /// The URL of the repository key.
     pub key_url: String,
     ca: TestCa,
     _servers: (FileServer, FileServer),
 }
+
+/// The minor version of the claims' Kubernetes version (v1.36.3), under which the repositories
+/// are served.
+const MINOR: &str = "v1.36";
 
 /// Serves `signed` and `unsigned` (see [`Served`]) and creates the configs in `ns`; `source`
 /// makes the `packages` source of a repository URL and key URL.
@@ -276,10 +282,10 @@ pub async fn serve_and_configure(
 ) -> Served {
     let mut files = Vec::new();
     for (p, body) in signed {
-        files.push((format!("/signed{p}"), body));
+        files.push((format!("/{MINOR}/signed{p}"), body));
     }
     for (p, body) in unsigned {
-        files.push((format!("/unsigned{p}"), body));
+        files.push((format!("/{MINOR}/unsigned{p}"), body));
     }
     let server = FileServer::start(files).await.unwrap();
     let ca = TestCa::new("BYOH test CA").unwrap();
@@ -296,8 +302,9 @@ pub async fn serve_and_configure(
     .await
     .unwrap();
     let key_base = key_server.base().to_string();
-    let signed = format!("{}/signed/", server.base());
-    let unsigned = format!("{}/unsigned/", server.base());
+    let placeholder = byoh_api::installer_version::MINOR_PLACEHOLDER;
+    let signed = format!("{}/{placeholder}/signed/", server.base());
+    let unsigned = format!("{}/{placeholder}/unsigned/", server.base());
     for (name, repo, key) in [
         ("good", &signed, "repo"),
         ("wrong-key", &signed, "other"),
@@ -316,7 +323,7 @@ pub async fn serve_and_configure(
         .unwrap();
     Served {
         keys,
-        signed,
+        signed: signed.replace(placeholder, MINOR),
         key_url: format!("{key_base}/repo.asc"),
         ca,
         _servers: (server, key_server),

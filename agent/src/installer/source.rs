@@ -9,8 +9,12 @@ use byoh_api::installer::{PackagesSource, TarballSource};
 
 /// The one source of a spec.
 pub(super) enum Source<'a> {
-    Preinstalled { skip_version_check: bool },
-    Packages(&'a PackagesSource, PackageManager),
+    Preinstalled {
+        skip_version_check: bool,
+    },
+    /// The `packages` source for the request's version: `{minor}` in its URLs resolved
+    /// ([`PackagesSource::for_version`]).
+    Packages(PackagesSource, PackageManager),
     Tarball(&'a TarballSource),
 }
 
@@ -77,8 +81,13 @@ pub(super) fn source_of<'a>(
         }
         return Ok(Source::Tarball(t));
     }
-    let p = s.packages.as_ref().ok_or_else(|| invalid("no source"))?;
-    checks::packages(p)?;
+    let p = s
+        .packages
+        .as_ref()
+        .ok_or_else(|| invalid("no source"))?
+        .for_version(&req.kubernetes_version)
+        .map_err(invalid)?;
+    checks::packages(&p)?;
     let os_text = format!("{} {}", os.os_name, os.os_version);
     let manager = manager_for(req, os).ok_or_else(|| InstallError::UnsupportedOs {
         source_kind: "packages",

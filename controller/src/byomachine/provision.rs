@@ -10,6 +10,7 @@ use super::{
 use crate::capi::{Cluster, Machine};
 use crate::context::Context;
 use crate::error::Error;
+use crate::installerconfig::Ensured;
 use crate::selection::{self, Request};
 use byoh_api::byohost::{HostClaim, MachineReference};
 use byoh_api::byomachine::HostReference;
@@ -105,7 +106,21 @@ pub(super) async fn provision(
             .or_insert_with(Instant::now);
         let installer_ref = match &bm.spec.installer_ref {
             Some(r) => {
-                Some(crate::installerconfig::ensure(ctx, bm, r, machine, &cluster_name).await?)
+                match crate::installerconfig::ensure(ctx, bm, r, machine, &cluster_name).await? {
+                    Ensured::Ready(reference) => Some(reference),
+                    Ensured::CannotServe(why) => {
+                        // Refused before any host is claimed: a claim would fail its install, go
+                        // back to the pool and be followed by the next host (issue 36).
+                        mark_waiting(
+                            &mut status,
+                            reasons::INSTALLER_CANNOT_SERVE_VERSION,
+                            &why,
+                            generation,
+                        );
+                        apply_status(api, bm, &status).await?;
+                        return Ok(Action::await_change());
+                    }
+                }
             }
             None => None,
         };
