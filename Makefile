@@ -15,10 +15,10 @@ build:
 
 ## test: everything CI runs, as one graph of timed phases, several at once (docs/local_dev.md,
 ## "How make test runs"): what the system tests need first (the test bed's programs and images,
-## the debug builds, the amd64 packages); the tests as soon as those are there, those of the arm64
-## packages and the image (tests/tests/packages.rs, release.rs, docs.rs) among them once those
-## exist; verify, the arm64 packages, the controller image and the package lints beside them at a
-## lower CPU priority. `make -k`: a failed phase stops only what needs it, so one run shows every
+## the debug builds, the amd64 .deb); the tests as soon as those are there, those of the other
+## packages and the image (tests/tests/packages.rs, packages_rpm.rs, release.rs, docs.rs) among
+## them once those exist; verify, the other packages (arm64, .rpm), the controller image and the
+## package lints beside them at a lower CPU priority. `make -k`: a failed phase stops only what needs it, so one run shows every
 ## failure. Ends with each phase's wall time and the test count.
 test:
 	@if [[ -z "$${BYOH_PHASE_EPOCH:-}" ]]; then rm -f $(PHASE_LOG) $(TEST_COUNTS); BYOH_PHASE_EPOCH=$$(date +%s); fi; \
@@ -40,35 +40,35 @@ TEST_COUNTS := target/test-counts.txt
 BACKGROUND := nice -n 10
 # Phases a few tests wait for, which must end before the other tests do: a smaller share.
 SOONER := nice -n 5
-# Tests that need every package (arm64 too) and the image (a release laid out from dist/ by
-# `packaging/release --no-build`): held back in the tests phase until LATE_GATE says "ok"
-# (tests/schedule --after), written once the arm64 packages and the image are built, or
+# Tests that need every package (arm64 and the .rpm too) and the image (a release laid out from
+# dist/ by `packaging/release --no-build`): held back in the tests phase until LATE_GATE says "ok"
+# (tests/schedule --after), written once the other packages and the image are built, or
 # "failed" by the phase that failed.
-LATE_TESTS := packages release docs
+LATE_TESTS := packages release docs packages_rpm
 LATE_GATE := target/late-tests-gate
 export BYOH_TEST_COUNTS := $(abspath $(TEST_COUNTS))
 .PHONY: test-phases phase-prepare phase-build phase-packaging-tools phase-packages-amd64 \
-	phase-tests phase-verify phase-packages-arm64 phase-image phase-lint-packages phase-late-gate
+	phase-tests phase-verify phase-packages-rest phase-image phase-lint-packages phase-late-gate
 test-phases: phase-tests phase-verify phase-lint-packages phase-late-gate
 phase-prepare:
 	@$(PHASE) prepare tests/prepare
 phase-build:
 	@$(PHASE) build $(MAKE) --no-print-directory build-debug
 phase-packaging-tools:
-	@$(PHASE) packaging-tools packaging/build-packages --tools-only
+	@$(PHASE) packaging-tools packaging/build-packages --tools-only --format deb
 phase-packages-amd64: phase-packaging-tools
-	@$(PHASE) packages-amd64 packaging/build-packages --arch amd64
+	@$(PHASE) packages-amd64 packaging/build-packages --arch amd64 --format deb
 phase-tests: phase-prepare phase-build phase-packages-amd64
 	@BYOH_TEST_PREBUILT=1 $(PHASE) tests tests/run tests/schedule $(foreach t,$(LATE_TESTS),--after $(LATE_GATE) $(t))
 phase-verify: phase-build
 	@$(PHASE) verify $(BACKGROUND) $(MAKE) --no-print-directory verify
-phase-packages-arm64: phase-packages-amd64
-	@$(PHASE) packages-arm64 $(SOONER) packaging/build-packages --arch arm64 || { echo "failed: packages-arm64" >$(LATE_GATE); exit 1; }
+phase-packages-rest: phase-packages-amd64
+	@$(PHASE) packages-rest $(SOONER) packaging/build-packages || { echo "failed: packages-rest" >$(LATE_GATE); exit 1; }
 phase-image: phase-packages-amd64
 	@$(PHASE) image $(SOONER) packaging/build-image || { echo "failed: image" >$(LATE_GATE); exit 1; }
-phase-late-gate: phase-packages-arm64 phase-image
+phase-late-gate: phase-packages-rest phase-image
 	@echo ok >$(LATE_GATE)
-phase-lint-packages: phase-packages-arm64
+phase-lint-packages: phase-packages-rest
 	@$(PHASE) lint-packages $(BACKGROUND) packaging/lint-packages
 
 ## build-debug: the debug build tests run (every binary, every test target), in one feature

@@ -60,8 +60,8 @@ pub struct PreinstalledSource {
 #[serde(rename_all = "camelCase")]
 pub struct PackagesSource {
     /// apt repository: the `URIs` of a deb822 source (e.g.
-    /// `https://pkgs.k8s.io/core:/stable:/{minor}/deb/`), used on Debian and Ubuntu hosts.
-    /// `{minor}` here, in `dnfRepository` and in `keyURL` stands for the Machine's minor
+    /// `https://pkgs.k8s.io/core:/stable:/@minor@/deb/`), used on Debian and Ubuntu hosts.
+    /// `@minor@` here, in `dnfRepository` and in `keyURL` stands for the Machine's minor
     /// version (`v1.37` for `v1.37.2`), so one template serves every version; a repository
     /// of one minor (`…/v1.36/deb/`) serves only that minor, and a Machine of another is
     /// refused before a host is claimed (`InstallerCannotServeVersion`). An

@@ -5,7 +5,7 @@
 //! <https://kubernetes.io/blog/2023/08/15/pkgs-k8s-io-introduction/>), so a `packages` source
 //! written for one minor cannot install the next. Two things follow:
 //!
-//! - [`MINOR_PLACEHOLDER`]: `{minor}` in `aptRepository`, `dnfRepository` or `keyURL` stands for
+//! - [`MINOR_PLACEHOLDER`]: `@minor@` in `aptRepository`, `dnfRepository` or `keyURL` stands for
 //!   the Machine's minor version with its `v` (`v1.37` for `v1.37.2`); the agent resolves it
 //!   from the claim's version ([`PackagesSource::for_version`]), so one template serves every
 //!   minor and an upgrade needs no new template.
@@ -17,8 +17,11 @@
 use crate::installer::{K8sInstallerConfigSpec, PackagesSource};
 
 /// Stands for the Machine's minor version, with its `v` (`v1.37` for `v1.37.2`), in the URLs of
-/// a `packages` source: `https://pkgs.k8s.io/core:/stable:/{minor}/deb/`.
-pub const MINOR_PLACEHOLDER: &str = "{minor}";
+/// a `packages` source: `https://pkgs.k8s.io/core:/stable:/@minor@/deb/`. Not `{minor}`:
+/// clusterctl's template variables end a default value at its first `}`
+/// (`${BYOH_APT_REPOSITORY:=…/{minor}/deb/}` came out as `…/{minor/deb/}`), and the quickstart
+/// templates carry the URL as such a default.
+pub const MINOR_PLACEHOLDER: &str = "@minor@";
 
 /// A Kubernetes version's parts: `v1.37.2` (or `1.37.2`, with an optional `-pre`/`+build`
 /// suffix) → `(1, 37, 2)`. `None` when it is not of that form.
@@ -179,7 +182,7 @@ mod tests {
     #[test]
     fn the_placeholder_becomes_the_machines_minor_in_every_url() {
         let spec = packages(
-            "https://pkgs.k8s.io/core:/stable:/{minor}/deb/",
+            "https://pkgs.k8s.io/core:/stable:/@minor@/deb/",
             Some("1.37.2-1.1"),
         );
         let p = spec.packages.unwrap();
@@ -213,8 +216,8 @@ mod tests {
         let why = spec.cannot_serve("v1.37.2").unwrap();
         assert!(why.contains("packages.aptRepository"), "{why}");
         assert!(why.contains("v1.36 only"), "{why}");
-        assert!(why.contains("{minor}"), "{why}");
-        let any = packages("https://pkgs.k8s.io/core:/stable:/{minor}/deb/", None);
+        assert!(why.contains("@minor@"), "{why}");
+        let any = packages("https://pkgs.k8s.io/core:/stable:/@minor@/deb/", None);
         assert_eq!(any.cannot_serve("v1.37.2"), None);
         // A host name or a file name that looks like a minor is not a repository's minor.
         let host = packages("https://v1.35.mirror.example/deb/k8s-v1.35.list/", None);
@@ -223,7 +226,7 @@ mod tests {
 
     #[test]
     fn a_pin_of_another_version_is_refused_with_epochs_and_revisions_read_as_dpkg_does() {
-        let spec = packages("https://mirror.example/{minor}/", Some("1.36.3-1.1"));
+        let spec = packages("https://mirror.example/@minor@/", Some("1.36.3-1.1"));
         assert_eq!(spec.cannot_serve("v1.36.3"), None);
         let why = spec.cannot_serve("v1.36.4").unwrap();
         assert!(
@@ -231,7 +234,7 @@ mod tests {
             "{why}"
         );
         let epoch = packages(
-            "https://mirror.example/{minor}/",
+            "https://mirror.example/@minor@/",
             Some("1:1.37.2-150500.1.1"),
         );
         assert_eq!(epoch.cannot_serve("v1.37.2"), None);

@@ -3,7 +3,8 @@
 # Builds on tests/control-plane/lib.sh (cache root, pinned Kubernetes and etcd versions).
 #
 # Cache layout under $BYOH_TEST_CACHE (default ~/.cache/byoh-test):
-#   coredns-<v>/bin/coredns, registry-<v>/bin/registry, cri-tools-<v>/bin/crictl,
+#   coredns-<v>-kubeadm-plugins/bin/coredns (coredns/main.go: the plugins kubeadm's Corefile
+#   uses), registry-<v>-filesystem/bin/registry (registry/main.go), cri-tools-<v>/bin/crictl,
 #   pause-<tag>/bin/pause                    programs built here (static)
 #   images-<k8s version>/NAME_TAG.oci.tar    one OCI image archive per image kubeadm asks for
 #   images-<k8s version>/images.txt          kubeadm's image list they were built for
@@ -21,8 +22,8 @@ gomod_version() {
 coredns_version="$(gomod_version coredns github.com/coredns/coredns)"
 registry_version="$(gomod_version registry github.com/distribution/distribution/v3)"
 critools_version="$(gomod_version cri-tools sigs.k8s.io/cri-tools)"
-coredns_bin="$cache_root/coredns-$coredns_version/bin"
-registry_bin="$cache_root/registry-$registry_version/bin"
+coredns_bin="$cache_root/coredns-$coredns_version-kubeadm-plugins/bin"
+registry_bin="$cache_root/registry-$registry_version-filesystem/bin"
 critools_bin="$cache_root/cri-tools-$critools_version/bin"
 images_out="$cache_root/images-$k8s_version"
 

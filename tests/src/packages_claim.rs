@@ -253,7 +253,7 @@ impl Keys {
 /// `/v1.36/` as pkgs.k8s.io publishes one repository per minor, the keys over HTTPS (`keyURL`
 /// must be https) with a test CA, K8sInstallerConfigs `good` (signed, its key), `wrong-key`
 /// (signed, the other key) and `unsigned` (unsigned, the right key), their repository URLs
-/// written with `{minor}` in place of `v1.36` (the agent resolves it from the claim's version,
+/// written with `@minor@` in place of `v1.36` (the agent resolves it from the claim's version,
 /// v1.36.3: issue 36), and the bootstrap Secret `data` ([`DATA`]).
 pub struct Served {
     /// The keys.

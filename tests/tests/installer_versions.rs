@@ -1,6 +1,6 @@
 //! Issue 36 on the real API server: an installer template that cannot install the Machine's
 //! Kubernetes version is refused on the ByoMachine before any host is claimed, naming the fix,
-//! and a template with `{minor}` in its repository URLs serves any version (the CRD's own
+//! and a template with `@minor@` in its repository URLs serves any version (the CRD's own
 //! validation accepts it; the agent's resolution of it is tested in `installer_packages.rs` on
 //! a booted host). The controller runs in-process (`byoh_controller::run::run`).
 
@@ -91,16 +91,16 @@ async fn an_installer_that_cannot_serve_the_machines_version_is_refused_before_a
         &client,
         &n,
         "pinned",
-        "https://pkgs.k8s.io/core:/stable:/{minor}/deb/",
+        "https://pkgs.k8s.io/core:/stable:/@minor@/deb/",
         Some("1.36.3-1.1"),
     )
     .await;
-    // One for every version: `{minor}` in the URLs, no pin (accepted by the CRD's rules).
+    // One for every version: `@minor@` in the URLs, no pin (accepted by the CRD's rules).
     template(
         &client,
         &n,
         "any",
-        "https://pkgs.k8s.io/core:/stable:/{minor}/deb/",
+        "https://pkgs.k8s.io/core:/stable:/@minor@/deb/",
         None,
     )
     .await;
@@ -130,7 +130,7 @@ async fn an_installer_that_cannot_serve_the_machines_version_is_refused_before_a
         minor_up.message.contains("packages.aptRepository")
             && minor_up.message.contains("v1.36 only")
             && minor_up.message.contains("v1.37.2")
-            && minor_up.message.contains("{minor}"),
+            && minor_up.message.contains("@minor@"),
         "{}",
         minor_up.message
     );
@@ -172,10 +172,10 @@ async fn an_installer_that_cannot_serve_the_machines_version_is_refused_before_a
     let status = config.status.unwrap();
     assert!(status.ready);
     assert_eq!(status.kubernetes_version.as_deref(), Some("v1.37.2"));
-    // The URL is stored as written: the agent resolves `{minor}` from the claim's version.
+    // The URL is stored as written: the agent resolves `@minor@` from the claim's version.
     assert_eq!(
         config.spec.packages.unwrap().apt_repository.as_deref(),
-        Some("https://pkgs.k8s.io/core:/stable:/{minor}/deb/")
+        Some("https://pkgs.k8s.io/core:/stable:/@minor@/deb/")
     );
     // The refused ones still hold no host, though one host is still free.
     for name in ["minor-up", "pin-off"] {

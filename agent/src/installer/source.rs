@@ -12,7 +12,7 @@ pub(super) enum Source<'a> {
     Preinstalled {
         skip_version_check: bool,
     },
-    /// The `packages` source for the request's version: `{minor}` in its URLs resolved
+    /// The `packages` source for the request's version: `@minor@` in its URLs resolved
     /// ([`PackagesSource::for_version`]).
     Packages(PackagesSource, PackageManager),
     Tarball(&'a TarballSource),
