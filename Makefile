@@ -38,8 +38,6 @@ TEST_COUNTS := target/test-counts.txt
 # Phases no test waits for: they get the CPU the tests leave (most test time waits on kubeadm,
 # systemd and the API server).
 BACKGROUND := nice -n 10
-# Phases a few tests wait for, which must end before the other tests do: a smaller share.
-SOONER := nice -n 5
 # Tests that need every package (arm64 and the .rpm too) and the image (a release laid out from
 # dist/ by `packaging/release --no-build`): held back in the tests phase until LATE_GATE says "ok"
 # (tests/schedule --after), written once the other packages and the image are built, or
@@ -63,9 +61,9 @@ phase-tests: phase-prepare phase-build phase-packages-amd64
 phase-verify: phase-build
 	@$(PHASE) verify $(BACKGROUND) $(MAKE) --no-print-directory verify
 phase-packages-rest: phase-packages-amd64
-	@$(PHASE) packages-rest $(SOONER) packaging/build-packages || { echo "failed: packages-rest" >$(LATE_GATE); exit 1; }
+	@$(PHASE) packages-rest packaging/build-packages || { echo "failed: packages-rest" >$(LATE_GATE); exit 1; }
 phase-image: phase-packages-amd64
-	@$(PHASE) image $(SOONER) packaging/build-image || { echo "failed: image" >$(LATE_GATE); exit 1; }
+	@$(PHASE) image packaging/build-image || { echo "failed: image" >$(LATE_GATE); exit 1; }
 phase-late-gate: phase-packages-rest phase-image
 	@echo ok >$(LATE_GATE)
 phase-lint-packages: phase-packages-rest

@@ -13,6 +13,7 @@ pub mod docs;
 pub mod doctor;
 pub mod events;
 pub mod facts;
+pub mod failpoint;
 pub mod footprint;
 pub mod fsutil;
 pub mod host;

@@ -63,7 +63,7 @@ pub(crate) async fn acquire(
         tokio::select! {
             () = shutdown.clone() => {
                 drop(is_leader);
-                let _ = task.await;
+                report_stop(task.await, &namespace);
                 return Ok(None);
             }
             changed = is_leader.changed() => if changed.is_err() {
@@ -92,11 +92,33 @@ impl Leadership {
         }
     }
 
-    /// Releases the Lease (closing the channel makes the lease manager release it, so that a
-    /// successor takes over at once) and waits for the manager to stop.
+    /// Releases the Lease (closing the channel makes the lease manager clear its holder, so that
+    /// no successor waits for it to expire) and waits for the manager to stop; a failed release
+    /// is logged (the process is stopping: the successor then takes over when the Lease
+    /// expires, at most its duration later).
     pub(crate) async fn release(self) {
         drop(self.is_leader);
-        let _ = self.task.await;
+        report_stop(self.task.await, &self.namespace);
+    }
+}
+
+/// Logs how the lease manager's task ended: the Lease released, or why not.
+fn report_stop(
+    ended: Result<
+        kube_lease_manager::Result<kube_lease_manager::LeaseManager>,
+        tokio::task::JoinError,
+    >,
+    namespace: &str,
+) {
+    let lease = format!("{namespace}/{LEADER_LEASE}");
+    match ended {
+        Ok(Ok(_)) => tracing::info!(%lease, "released the leader Lease"),
+        Ok(Err(error)) => {
+            tracing::warn!(%lease, %error, "releasing the leader Lease failed; a successor takes over when it expires")
+        }
+        Err(error) => {
+            tracing::warn!(%lease, %error, "the leader Lease's manager task ended abnormally; a successor takes over when the Lease expires")
+        }
     }
 }
 

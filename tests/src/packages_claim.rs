@@ -356,9 +356,9 @@ pub async fn register_trusting(
     )
     .await
     .unwrap();
-    let _ = host
-        .run(&["systemctl", "start", "containerd.service"])
-        .await;
+    host.run(&["systemctl", "start", "containerd.service"])
+        .await
+        .unwrap();
     Api::namespaced(client.clone(), ns)
 }
 

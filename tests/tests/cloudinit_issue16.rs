@@ -115,7 +115,9 @@ const NSS_SYSTEMD: &str = "/usr/lib/x86_64-linux-gnu/libnss_systemd.so.2";
 #[tokio::test(flavor = "multi_thread")]
 async fn owners_are_resolved_through_the_name_service() {
     if !std::path::Path::new(NSS_SYSTEMD).exists() {
-        eprintln!("skipped: {NSS_SYSTEMD} is not on this machine");
+        byoh_tests::missing_part(&format!(
+            "{NSS_SYSTEMD} is not on this machine (Debian package libnss-systemd, which .ci/run installs)"
+        ));
         return;
     }
     let Some(host) = boot("ci16-nss").await else {

@@ -185,7 +185,17 @@ async fn leader_election_hands_the_lease_over_on_shutdown() {
     // The standby does not reconcile: a ready cluster's ByoMachine stays untouched... until the
     // leader goes and the standby takes over.
     a.stop().await;
-    eventually("second leads", Duration::from_secs(30), || async {
+    // Released as the leader stops, not left to expire (duration 15 s, grace 5 s): a release
+    // that failed or never ran leaves "first" there until then.
+    let after_stop = holder().await;
+    assert_ne!(
+        after_stop.as_deref(),
+        Some("first"),
+        "the stopped leader still holds the Lease"
+    );
+    // The standby, which sleeps until the expiry it last saw, takes over within one Lease
+    // duration (15 s) plus its random back-off (at most 1 s) and a request.
+    eventually("second leads", Duration::from_secs(18), || async {
         (holder().await.as_deref() == Some("second")).then_some(())
     })
     .await;

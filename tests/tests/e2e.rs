@@ -27,6 +27,7 @@ use byoh_api::{ByoHost, ByoMachine};
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{PrivateControlPlane, TestNamespace};
 use byoh_tests::controller::ControllerProcess;
+use byoh_tests::failpoint::{kill_at, set_failpoint};
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::kubeadm::{self, ArtifactServer, JoinInfo};
 use byoh_tests::phases::Phases;
@@ -632,21 +633,32 @@ async fn wait_process(host: &Host, pattern: &str, secs: u64) -> anyhow::Result<(
     .await
 }
 
+/// Where the kill-install fault kills the agent: before the installer's step 3 (0-based).
+const KILL_INSTALL_AT: &str = "install/3";
+
 async fn faults(bed: &mut Bed) -> anyhow::Result<()> {
     bed.create_cluster("e2e").await?;
     let before = agent::snapshot(bed.host(0)).await?;
     bed.phases
         .done("cluster objects created, host snapshot taken");
 
-    // 1. SIGKILL during the install: the restarted agent resumes the install (its manifest) and
-    //    the join goes on.
+    // 1. SIGKILL during the install: the agent pauses before the installer's fourth step (its
+    //    failpoint `install/3`: three changes made and recorded, the install not complete) and
+    //    is killed there; the restarted agent resumes the install (its manifest) and the join
+    //    goes on.
+    set_failpoint(bed.host(0), Some(KILL_INSTALL_AT)).await;
+    bed.host(0)
+        .run(&["systemctl", "restart", "byoh-agent"])
+        .await?;
     bed.create_machine("e2e", "kill-install", "a").await?;
     let name = bed.host(0).name().to_string();
-    bed.wait_host_phase(&name, "Installing", 60).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    kill_agent(bed.host(0)).await?;
+    kill_at(bed.host(0), KILL_INSTALL_AT).await;
+    // The drop-in directory the failpoint needed (the host had none).
+    bed.host(0)
+        .run(&["rmdir", "/etc/systemd/system/byoh-agent.service.d"])
+        .await?;
     bed.phases
-        .done("kill-install: agent killed while installing");
+        .done("kill-install: agent killed in the middle of the install");
     wait_joined(bed, "kill-install", 0).await?;
     release(bed, "kill-install", 0).await?;
     let diff = agent::snapshot_diff(&before, &agent::snapshot(bed.host(0)).await?);

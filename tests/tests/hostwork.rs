@@ -672,7 +672,12 @@ async fn bootstrap_finishes_while_the_api_server_is_down_and_is_reported_when_it
         let cp = cp.clone();
         std::thread::spawn(move || cp.restart_apiserver(20))
     };
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The host is told only once the API server refuses requests (it is down for 20 s).
+    wait_for("the API server down", Duration::from_secs(15), || async {
+        Ok(client.apiserver_version().await.is_err().then_some(()))
+    })
+    .await
+    .unwrap();
     host.write_file("/run/byoh-api-down", b"", 0o644)
         .await
         .unwrap();
@@ -690,6 +695,10 @@ async fn bootstrap_finishes_while_the_api_server_is_down_and_is_reported_when_it
     )
     .await
     .unwrap();
+    assert!(
+        client.apiserver_version().await.is_err(),
+        "the API server came back before the bootstrap finished: no outage was tested"
+    );
     restart.join().unwrap().unwrap();
     // ...and is reported once it is back.
     let client = cp.client().await.unwrap();
@@ -754,9 +763,9 @@ async fn tarball_install_through_a_claim_bootstraps_and_the_release_reverts_ever
         .await
         .unwrap();
     // containerd runs as on a real host (the installer restarts it for its cgroup driver).
-    let _ = host
-        .run(&["systemctl", "start", "containerd.service"])
-        .await;
+    host.run(&["systemctl", "start", "containerd.service"])
+        .await
+        .unwrap();
     let before = agent::snapshot(&host).await.unwrap();
 
     // A wrong sha256: refused before anything is written; the ByoHost says why.

@@ -138,12 +138,14 @@ async fn tarball_install_is_verified_started_over_dbus_and_fully_reverted() {
     .await
     .unwrap();
     // containerd runs as in a real host before the install (the installer restarts it).
-    let _ = host
-        .run(&["systemctl", "start", "containerd.service"])
-        .await;
+    host.run(&["systemctl", "start", "containerd.service"])
+        .await
+        .unwrap();
     let containerd_before = host
         .run(&["systemctl", "is-active", "containerd.service"])
-        .await;
+        .await
+        .unwrap();
+    assert_eq!(containerd_before.trim(), "active");
     let tree_before = file_tree(&host).await;
     let units_before = unit_files(&host).await;
     let config_before = sha_in_host(&host, "/etc/containerd/config.toml").await;
@@ -311,11 +313,12 @@ async fn tarball_install_is_verified_started_over_dbus_and_fully_reverted() {
         sha_in_host(&host, "/etc/containerd/config.toml").await,
         config_before
     );
+    // containerd left running, as it was (is-active exits non-zero for anything else).
     assert_eq!(
         host.run(&["systemctl", "is-active", "containerd.service"])
             .await
-            .ok(),
-        containerd_before.ok()
+            .unwrap(),
+        containerd_before
     );
     assert!(
         !host

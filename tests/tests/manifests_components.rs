@@ -2,7 +2,8 @@
 //! applies with clusterctl-like `${VAR:=default}` substitution and its CRDs, RBAC and
 //! admission policies come up; template specs are immutable except for ClusterClass dry-runs;
 //! the cluster templates and the ClusterClass pass the API server's validation (server-side
-//! dry-run against CAPI's v1beta2 CRDs).
+//! dry-run against CAPI's v1beta2 CRDs); the Deployment runs the binary where both ways of
+//! building the image put it.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -282,4 +283,46 @@ async fn cluster_templates_and_clusterclass_pass_api_validation() {
             .unwrap_or_else(|e| panic!("{file}: {e:#}"));
     }
     ns.cleanup(&admin).await.unwrap();
+}
+
+/// The Deployment's `command` names the binary where both images have it: `controller/Dockerfile`
+/// (its COPY and ENTRYPOINT) and `packaging/build-image` (its install and `--config.entrypoint`;
+/// tests/tests/packages.rs checks the built archive's Entrypoint against the Deployment too).
+/// They disagreed once (`/byoh-controller` in the Dockerfile, issue 44): such a Deployment
+/// never starts.
+#[test]
+fn the_deployment_runs_the_binary_where_both_images_put_it() {
+    let docs = documents(&components_text().unwrap()).unwrap();
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let command = deployment["spec"]["template"]["spec"]["containers"][0]["command"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(command.starts_with('/'), "{command}");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dockerfile = std::fs::read_to_string(repo.join("controller/Dockerfile")).unwrap();
+    let entrypoint = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRYPOINT "))
+        .unwrap();
+    let entrypoint: Vec<String> = serde_json::from_str(entrypoint).unwrap();
+    assert_eq!(
+        entrypoint,
+        std::slice::from_ref(&command),
+        "Dockerfile ENTRYPOINT"
+    );
+    let copy = dockerfile
+        .lines()
+        .find(|l| l.starts_with("COPY --from=build"))
+        .unwrap();
+    assert!(copy.ends_with(&format!(" {command}")), "Dockerfile: {copy}");
+    let build_image = std::fs::read_to_string(repo.join("packaging/build-image")).unwrap();
+    assert!(
+        build_image.contains(&format!("--config.entrypoint {command}")),
+        "packaging/build-image's entrypoint is not {command}"
+    );
+    assert!(
+        build_image.contains(&format!("\"$rootfs{command}\"")),
+        "packaging/build-image does not install the binary at {command}"
+    );
 }

@@ -326,9 +326,17 @@ fn the_controller_image_is_an_oci_archive_running_as_65532() {
     assert_eq!(config["architecture"], "amd64");
     assert_eq!(config["os"], "linux");
     assert_eq!(config["config"]["User"], "65532:65532");
+    // The binary the generated Deployment runs (its `command`).
+    let components =
+        byoh_tests::manifests::documents(&byoh_tests::manifests::components_text().unwrap())
+            .unwrap();
+    let deployment = components
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
     assert_eq!(
         config["config"]["Entrypoint"],
-        serde_json::json!(["/usr/bin/byoh-controller"])
+        deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     );
     assert_eq!(
         config["config"]["Labels"]["org.opencontainers.image.version"],
@@ -341,6 +349,7 @@ fn the_controller_image_is_an_oci_archive_running_as_65532() {
     // runs from the image's own root (its libraries, not the machine's). umoci unpack and chroot
     // need root, which `make test` has.
     if run(Command::new("id").arg("-u")).trim() != "0" {
+        byoh_tests::missing_part("root, to unpack the image with umoci and chroot into it");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

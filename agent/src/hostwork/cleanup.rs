@@ -257,8 +257,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         me.revert_host_changes(w).await?;
                         remove_runtime_dirs(root, &w.preexisting_dirs)?;
                     }
-                    let backups = me.settings.state_dir.join("backups");
-                    let _ = std::fs::remove_dir_all(&backups);
+                    remove_backups(&me.settings.state_dir.join("backups"))?;
                     me.units.daemon_reload().await?;
                     // A containerd that runs keeps the claim's proxy variables until it starts
                     // again without them.
@@ -450,9 +449,39 @@ fn remove_runtime_dirs(root: &Path, preexisting: &[std::path::PathBuf]) -> Resul
     Ok(())
 }
 
+/// Removes the claim's backups (`<state_dir>/backups`) once their content is restored. Gone
+/// already is fine (an earlier run of this clean-up removed them); any other failure is the
+/// clean-up's (`CleanupFailed`, retried): backups left behind would be taken by a later claim
+/// for the host's content before it (issue 44).
+///
+/// # Errors
+/// [`WorkError::Io`] naming `backups`.
+fn remove_backups(backups: &Path) -> Result<(), WorkError> {
+    match std::fs::remove_dir_all(backups) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(backups)(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backups_are_removed_or_their_removal_fails_the_clean_up() {
+        let state = tempfile::tempdir().unwrap();
+        let backups = state.path().join("backups");
+        remove_backups(&backups).unwrap();
+        std::fs::create_dir_all(backups.join("etc")).unwrap();
+        std::fs::write(backups.join("etc/hosts"), "old").unwrap();
+        remove_backups(&backups).unwrap();
+        assert!(!backups.exists());
+        // A removal that fails (here: not a directory) is an error naming the path, not silence.
+        std::fs::write(&backups, "not a directory").unwrap();
+        let err = remove_backups(&backups).unwrap_err();
+        assert!(err.to_string().contains("backups"), "{err}");
+    }
 
     /// containerd's `mkdir -p /etc/cni/net.d` after remove-files: both go when the claim did
     /// not find them; a parent the claim found, or one that holds something, stays.

@@ -62,9 +62,8 @@ pub const RUNTIME_DIRS: &[&str] = &[
 /// `mkdir -p /etc/cni/net.d` at every start): recorded at the claim like the runtime
 /// directories, and removed on clean-up when they did not exist before and are empty.
 pub const RUNTIME_DIR_PARENTS: &[&str] = &["/etc/cni"];
-/// Environment variable naming a failpoint: `pause-before:<step>` makes the agent stop (and
-/// say so in `STATUS=`) just before that step, so tests can kill it at a step boundary.
-pub const FAILPOINT_ENV: &str = "BYOH_FAILPOINT";
+/// Environment variable naming a failpoint ([`crate::failpoint`]).
+pub use crate::failpoint::FAILPOINT_ENV;
 
 /// One step of the bootstrap. Its [`Display`](std::fmt::Display) form is the step's name in
 /// `state.json` and in the failpoint `pause-before:<step>`: `proxy`, `bootcmd[N]`, `install`,
@@ -389,18 +388,7 @@ mod runcmd;
 pub mod verify;
 pub use cleanup::failure_reason;
 
-fn failpoint(step: &str) -> impl std::future::Future<Output = ()> {
-    let hit = std::env::var(FAILPOINT_ENV)
-        .ok()
-        .is_some_and(|v| v == format!("pause-before:{step}"));
-    async move {
-        if hit {
-            notify::status(&format!("Failpoint: paused before {step}"));
-            tracing::warn!(step, "failpoint reached: pausing");
-            std::future::pending::<()>().await;
-        }
-    }
-}
+use crate::failpoint::pause_before as failpoint;
 
 /// The kubelet drop-in that sets `--provider-id`: it replaces `ExecStart` with kubeadm's
 /// standard command line (10-kubeadm.conf) plus the flag; `kubelet` is the binary's path.

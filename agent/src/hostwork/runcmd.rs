@@ -22,12 +22,7 @@ use crate::cloudinit::{self, CommandRunner};
 use crate::state::{ClaimWork, HostState, Rerun, Steps as _};
 use crate::systemd::UnitManager;
 
-/// Whether the failpoint names `step` (see [`super::FAILPOINT_ENV`]).
-fn failpoint_at(step: &str) -> bool {
-    std::env::var(super::FAILPOINT_ENV)
-        .ok()
-        .is_some_and(|v| v == format!("pause-before:{step}"))
-}
+use crate::failpoint::set_before as failpoint_at;
 
 /// Records what the markers of a batch say: each started item started, each finished item
 /// done. An item left started is then the interruption.

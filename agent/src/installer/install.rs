@@ -72,7 +72,9 @@ pub async fn install(
         proxy: &req.proxy,
         proxy_env: req.proxy.local_environment(),
     };
-    for step in &steps {
+    for (i, step) in steps.iter().enumerate() {
+        // `install/N`: a kill in the middle of an install, for its system test.
+        crate::failpoint::pause_before(&format!("install/{i}")).await;
         ctx.apply(step, req).await?;
     }
     ctx.manifest.complete = true;
