@@ -217,8 +217,27 @@ fn rpms_hold_the_agent_unit_preset_config_and_scriptlets() {
             "/usr/share/licenses/byoh-agent/LICENSE".into(),
         ));
         assert_eq!(files, expected, "{}", rpm.display());
-        // No directory entries (cargo-generate-rpm 0.21.1 cannot make them): %post creates
-        // /etc/byoh/agent.toml.d and tmpfiles.d /var/lib/byoh.
+        // The directories the package owns (rpm/byoh-agent.spec: %dir), with their modes: the
+        // configuration, its drop-in directory, the agent's private state and the license's.
+        let dirs: BTreeSet<_> = entries
+            .iter()
+            .filter(|(m, _)| m.starts_with('d'))
+            .map(|(m, p)| format!("{m} {p}"))
+            .collect();
+        assert_eq!(
+            dirs,
+            BTreeSet::from(
+                [
+                    "drwx------ /var/lib/byoh",
+                    "drwxr-xr-x /etc/byoh",
+                    "drwxr-xr-x /etc/byoh/agent.toml.d",
+                    "drwxr-xr-x /usr/share/licenses/byoh-agent",
+                ]
+                .map(String::from)
+            ),
+            "{}",
+            rpm.display()
+        );
         assert_eq!(q("%{ARCH}"), arch);
         assert_eq!(q("%{VERSION}-%{RELEASE}"), format!("{VERSION}-1"));
         // %config(noreplace): flags c (config) and n (noreplace).

@@ -251,10 +251,9 @@ async fn the_rpm_installs_upgrades_and_erases_with_dnf_on_the_dnf_host() {
         "erase lost configuration or identity"
     );
     // Nothing else is left (the snapshot leaves out /var/lib/byoh) but the parent directories
-    // rpm created for the package's files: the package has no directory entries
-    // (cargo-generate-rpm 0.21.1 cannot write them, docs/packaging.md), so rpm leaves them on
-    // erase. On RHEL `filesystem` (and fish, zsh) own them; the package's own license directory
-    // is removed by its %postun.
+    // rpm created for the package's files and no package owns on this Debian-based host: on
+    // RHEL `filesystem` (and fish, zsh) own them. The package's own directories (%dir: its
+    // license directory) go with it.
     let diff = agent::snapshot_diff(&before, &agent::snapshot(&host).await.unwrap());
     let unexpected: Vec<&str> = diff
         .iter()
