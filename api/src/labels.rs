@@ -97,9 +97,11 @@ pub const REVOKED: &str = "byoh.infrastructure.cluster.x-k8s.io/revoked";
 /// policy); the host's own request is the `Maintenance` condition (`byoh-agent maintenance`).
 pub const MAINTENANCE: &str = "byoh.infrastructure.cluster.x-k8s.io/maintenance";
 
-/// ByoHost: a bootstrap token may enrol this host's name again once (annotation, any value;
-/// set by an administrator after reinstalling the host). Without it a bootstrap token cannot
-/// obtain the certificate of a registered host; the CSR approver removes it when it approves.
+/// ByoHost: a bootstrap token may enrol this host's name again once (annotation, value `true`;
+/// any other value allows nothing; set by an administrator after reinstalling the host).
+/// Without it a bootstrap token cannot obtain the certificate of a registered host. The CSR
+/// approver removes it *before* it approves, on the condition that it is still `true` (a JSON
+/// Patch `test`), so of several CSRs filed at once for the name only one uses it.
 pub const ALLOW_RE_ENROLMENT: &str = "byoh.infrastructure.cluster.x-k8s.io/allow-re-enrolment";
 
 /// Namespace: an administrator designated it as a **host pool** (label, value `true`). Hosts

@@ -26,6 +26,12 @@
 //!   happens to have such a name), and only in the host-lease namespace (labelled
 //!   [`labels::HOST_LEASES`]`=true`: the provider's namespace, where a Role grants the hosts'
 //!   group its Lease writes).
+//! - [`EVENT_POLICY`]: a host may create or change only Events about its own ByoHost
+//!   (`regarding`, or `involvedObject` of a core/v1 Event: kind `ByoHost`, its name, the
+//!   Event's own namespace), only in a host pool, and change only such Events. The hosts' group
+//!   holds Event create/patch in every namespace (RBAC cannot say "about your own object");
+//!   without this a host could write an Event about a CSR under the approver's name ("awaits
+//!   manual approval") to lure an administrator into approving it, or rewrite the controller's.
 //! - [`TEMPLATE_POLICY`]: `spec` of ByoMachineTemplates and ByoClusterTemplates is immutable on
 //!   UPDATE (CAPI's rule: make a new template and point to it), except ClusterClass dry-runs:
 //!   requests that are dry runs (`request.dryRun`) **and** whose object carries the annotation
@@ -51,6 +57,8 @@ pub const HOST_POLICY: &str = "byoh-host-restriction";
 pub const LEASE_POLICY: &str = "byoh-host-lease-restriction";
 /// Name of the template immutability policy and its binding.
 pub const TEMPLATE_POLICY: &str = "byoh-template-immutability";
+/// Name of the Event policy and its binding.
+pub const EVENT_POLICY: &str = "byoh-host-event-restriction";
 
 /// CEL: the request's namespace is a host pool: labelled [`labels::HOST_POOL`]`=true` by an
 /// administrator and not one of [`labels::RESERVED_NAMESPACES`].
@@ -358,6 +366,75 @@ pub fn lease_policy() -> ValidatingAdmissionPolicy {
     )
 }
 
+/// CEL: field `field` of the object Event `obj` (`object` or
+/// `oldObject`) is about: `regarding` (events.k8s.io/v1) or `involvedObject` (core/v1); `''`
+/// when absent. Every branch a string, so the expression type-checks.
+fn event_about(obj: &str, field: &str) -> String {
+    format!(
+        "has({obj}.regarding) ? (has({obj}.regarding.{field}) ? {obj}.regarding.{field} : '') : (has({obj}.involvedObject) && has({obj}.involvedObject.{field}) ? {obj}.involvedObject.{field} : '')"
+    )
+}
+
+/// Variables `<side>Kind`, `<side>Name`, `<side>Namespace` of what Event `obj` is about.
+fn event_variables(side: &str, obj: &str) -> [Variable; 3] {
+    [
+        ("Kind", "kind"),
+        ("Name", "name"),
+        // Plain `namespace`: the API server's CEL reads this field of a built-in type
+        // unescaped (`__namespace__` is "no such key"; tests/tests/security_events.rs).
+        ("Namespace", "namespace"),
+    ]
+    .map(|(name, field)| Variable {
+        name: format!("{side}{name}"),
+        expression: event_about(obj, field),
+    })
+}
+
+/// CEL: the Event `obj` (variables `<side>…`) is about the host's own ByoHost in the Event's
+/// namespace.
+fn about_own_byohost(side: &str, obj: &str) -> String {
+    format!(
+        "variables.{side}Kind == 'ByoHost' && variables.{side}Name == variables.hostName && variables.{side}Namespace == {obj}.metadata.namespace"
+    )
+}
+
+/// The Event restriction for hosts (see the module documentation).
+pub fn event_policy() -> ValidatingAdmissionPolicy {
+    let ops = ["CREATE", "UPDATE"];
+    let mut variables = vec![Variable {
+        name: "hostName".into(),
+        expression: HOST_NAME.into(),
+    }];
+    variables.extend(event_variables("new", "object"));
+    // Evaluated only on UPDATE (variables are lazy; CREATE has no oldObject).
+    variables.extend(event_variables("old", "oldObject"));
+    policy(
+        EVENT_POLICY,
+        vec![
+            rule("", "v1", &["events"], &ops),
+            rule("events.k8s.io", "v1", &["events"], &ops),
+        ],
+        host_condition(),
+        variables,
+        vec![
+            validation(
+                &about_own_byohost("new", "object"),
+                "a host may write only Events about its own ByoHost (kind ByoHost, its name, the Event's namespace)",
+                "Forbidden",
+            ),
+            validation(
+                &format!(
+                    "request.operation == 'CREATE' || ({})",
+                    about_own_byohost("old", "oldObject")
+                ),
+                "a host may change only Events about its own ByoHost",
+                "Forbidden",
+            ),
+            pool_validation("Events"),
+        ],
+    )
+}
+
 /// The template immutability policy (see the module documentation).
 pub fn template_policy() -> ValidatingAdmissionPolicy {
     let g = byoh_api::GROUP;
@@ -397,7 +474,12 @@ pub fn binding(policy: &ValidatingAdmissionPolicy) -> ValidatingAdmissionPolicyB
 
 /// Every policy, in a stable order.
 pub fn policies() -> Vec<ValidatingAdmissionPolicy> {
-    vec![host_policy(), lease_policy(), template_policy()]
+    vec![
+        host_policy(),
+        lease_policy(),
+        event_policy(),
+        template_policy(),
+    ]
 }
 
 #[cfg(test)]

@@ -309,10 +309,13 @@ pub enum HostAccessError {
 pub struct HostAccessOptions {
     /// Watch only this namespace (`--namespace`); `None` watches all.
     pub namespace: Option<String>,
+    /// The provider's namespace, where the enrolment records are (`crate::csr::enrolment`).
+    pub provider_namespace: String,
 }
 
 struct Ctx {
     client: kube::Client,
+    provider_namespace: String,
     roles: Store<Role>,
     bindings: Store<RoleBinding>,
     roles_ready: CacheReady,
@@ -437,10 +440,50 @@ async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAcce
             .within(host.namespace().as_deref().unwrap_or_default())
     }
     let namespace = host.namespace().unwrap_or_default();
-    if byoh_api::labels::RESERVED_NAMESPACES.contains(&namespace.as_str()) {
-        // A host name is no authority here: the Lease of that name may be
-        // kube-controller-manager's or the controller's own. Grant nothing, take back anything.
-        tracing::warn!(byoh_host = %host.name_any(), %namespace, "ByoHost in a reserved namespace: no host access is granted");
+    let record_error = |source| HostAccessError::Api {
+        kind: "ConfigMap",
+        namespace: ctx.provider_namespace.clone(),
+        name: crate::csr::enrolment::record_name(&host.name_any()),
+        source: Box::new(source),
+    };
+    // Revoked: recorded where the host cannot reach (it may delete this ByoHost and create
+    // another without the annotation), and every grant taken back at once.
+    let revoked_here = host.annotations().contains_key(byoh_api::labels::REVOKED);
+    if revoked_here {
+        crate::csr::enrolment::revoke(&ctx.client, &ctx.provider_namespace, &host.name_any())
+            .await
+            .map_err(record_error)?;
+    }
+    let reserved = byoh_api::labels::RESERVED_NAMESPACES.contains(&namespace.as_str());
+    let needs_write = !ctx
+        .roles
+        .get(&key::<Role>(&host))
+        .is_some_and(|r| role_up_to_date(&r, &host_role(&host)))
+        || !ctx
+            .bindings
+            .get(&key::<RoleBinding>(&host))
+            .is_some_and(|b| role_binding_up_to_date(&b, &host_role_binding(&host)));
+    // A grant is only ever written after the record was read: a ByoHost re-created without
+    // the annotation gets nothing either.
+    let revoked = revoked_here
+        || (needs_write
+            && !reserved
+            && crate::csr::enrolment::revoked(
+                &ctx.client,
+                &ctx.provider_namespace,
+                &host.name_any(),
+            )
+            .await
+            .map_err(record_error)?);
+    if reserved || revoked {
+        if reserved {
+            // A host name is no authority here: the Lease of that name may be
+            // kube-controller-manager's or the controller's own.
+            tracing::warn!(byoh_host = %host.name_any(), %namespace, "ByoHost in a reserved namespace: no host access is granted");
+        } else {
+            tracing::warn!(byoh_host = %host.name_any(), %namespace, "host is revoked: no host access is granted");
+        }
+        // Grant nothing, take back anything.
         let name = role_name(&host.name_any());
         if ctx.roles.get(&key::<Role>(&host)).is_some() {
             delete::<Role>(&ctx.client, "Role", &namespace, &name).await?;
@@ -546,6 +589,7 @@ pub async fn run_shared(
     );
     let ctx = Arc::new(Ctx {
         client,
+        provider_namespace: opts.provider_namespace.clone(),
         roles,
         bindings,
         roles_ready,

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{
     ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
     SeccompProfile, SecurityContext, ServiceAccount, Toleration,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -324,12 +326,56 @@ pub fn manager_binding() -> ClusterRoleBinding {
             kind: "ClusterRole".into(),
             name: MANAGER_ROLE.into(),
         },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: SERVICE_ACCOUNT.into(),
-            namespace: Some(NAMESPACE.into()),
-            api_group: None,
-        }]),
+        subjects: Some(vec![controller_subject()]),
+    }
+}
+
+/// Name of the Role (and its RoleBinding) that lets the controller keep the enrolment records
+/// (`crate::csr::enrolment`) in the provider's namespace.
+pub const ENROLMENT_RECORDS_ROLE: &str = "byoh-enrolment-records";
+
+/// The controller's Role in the provider's namespace `namespace`: ConfigMaps get, create and
+/// update, for the enrolment records (`crate::csr::enrolment`). A Role, not a rule of the
+/// ClusterRole: ConfigMaps of other namespaces are none of the controller's business. No host
+/// or bootstrap token holds any ConfigMap right there, so they cannot touch the records.
+pub fn enrolment_records_role(namespace: &str) -> Role {
+    Role {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.into()),
+            ..cluster_meta(ENROLMENT_RECORDS_ROLE)
+        },
+        rules: Some(vec![hostaccess::rule(
+            &[""],
+            &["configmaps"],
+            &["get", "create", "update"],
+            &[],
+        )]),
+    }
+}
+
+/// RoleBinding of [`enrolment_records_role`] to the controller's ServiceAccount.
+pub fn enrolment_records_role_binding(namespace: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.into()),
+            ..cluster_meta(ENROLMENT_RECORDS_ROLE)
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: ENROLMENT_RECORDS_ROLE.into(),
+        },
+        subjects: Some(vec![controller_subject()]),
+    }
+}
+
+/// The controller's ServiceAccount as a binding's subject.
+fn controller_subject() -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: SERVICE_ACCOUNT.into(),
+        namespace: Some(NAMESPACE.into()),
+        api_group: None,
     }
 }
 
@@ -522,7 +568,12 @@ pub fn rbac_files() -> Result<Vec<(String, String)>, ManifestError> {
         ("service_account.yaml".into(), doc(&service_account())?),
         (
             "manager_role.yaml".into(),
-            docs(&[doc(&manager_cluster_role())?, doc(&manager_binding())?]),
+            docs(&[
+                doc(&manager_cluster_role())?,
+                doc(&manager_binding())?,
+                doc(&enrolment_records_role(NAMESPACE))?,
+                doc(&enrolment_records_role_binding(NAMESPACE))?,
+            ]),
         ),
         (
             "aggregate_to_capi_manager.yaml".into(),
@@ -618,6 +669,8 @@ pub fn infrastructure_components() -> Result<String, ManifestError> {
     ))?);
     parts.push(doc(&hostaccess::host_leases_role(NAMESPACE))?);
     parts.push(doc(&hostaccess::host_leases_role_binding(NAMESPACE))?);
+    parts.push(doc(&enrolment_records_role(NAMESPACE))?);
+    parts.push(doc(&enrolment_records_role_binding(NAMESPACE))?);
     for p in admission::policies() {
         parts.push(doc(&p)?);
     }

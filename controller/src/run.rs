@@ -271,6 +271,7 @@ async fn run_controllers(
         client.clone(),
         crate::hostaccess::HostAccessOptions {
             namespace: ctx.settings.namespace.clone(),
+            provider_namespace: ctx.settings.host_lease_namespace.clone(),
         },
         ctx.hosts.clone(),
         hostaccess_hosts,

@@ -46,6 +46,7 @@ pub mod capi_move;
 pub mod capi_page;
 pub mod control_plane;
 pub mod controller;
+pub mod csr;
 pub mod doc_blocks;
 pub mod failpoint;
 pub mod gpg;

@@ -14,162 +14,16 @@ use byoh_api::ByoHost;
 use byoh_controller::csr::{self, CsrOptions};
 use byoh_tests::access::*;
 use byoh_tests::control_plane::{PrivateControlPlane, TestNamespace};
-use byoh_tests::{agent, control_plane};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestSpec,
+use byoh_tests::csr::{
+    Forge, annotate, approved, file, file_text, refused_with, request, signed, valid, warning_for,
 };
+use byoh_tests::{agent, control_plane};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt as _};
 use std::time::Duration;
-
-/// One CSR to file.
-#[derive(Clone)]
-struct Forge {
-    cn: String,
-    orgs: Vec<&'static str>,
-    ous: Vec<&'static str>,
-    sans: Vec<rcgen::SanType>,
-    signer: &'static str,
-    usages: Vec<&'static str>,
-    expiration: Option<i32>,
-    rsa_bits: Option<usize>,
-}
-
-fn valid(host: &str) -> Forge {
-    Forge {
-        cn: format!("byoh:host:{host}"),
-        orgs: vec!["byoh:hosts"],
-        ous: vec![],
-        sans: vec![],
-        signer: "kubernetes.io/kube-apiserver-client",
-        usages: vec!["digital signature", "client auth"],
-        expiration: Some(24 * 3600),
-        rsa_bits: None,
-    }
-}
-
-/// `(CSR PEM, key PEM)`; weak RSA keys through openssl (ring refuses to sign with them).
-fn request(f: &Forge) -> (String, String) {
-    if let Some(bits) = f.rsa_bits {
-        let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("key.pem");
-        let ok = std::process::Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&key)
-            .arg(bits.to_string())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(ok.success(), "openssl genrsa");
-        let subject = format!("/CN={}/O={}", f.cn, f.orgs.join("/O="));
-        let out = std::process::Command::new("openssl")
-            .args(["req", "-new", "-subj", &subject, "-key"])
-            .arg(&key)
-            .output()
-            .unwrap();
-        return (
-            String::from_utf8(out.stdout).unwrap(),
-            std::fs::read_to_string(&key).unwrap(),
-        );
-    }
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    let mut dn = rcgen::DistinguishedName::new();
-    dn.push(rcgen::DnType::CommonName, f.cn.as_str());
-    for o in &f.orgs {
-        dn.push(rcgen::DnType::OrganizationName, *o);
-    }
-    for ou in &f.ous {
-        dn.push(rcgen::DnType::OrganizationalUnitName, *ou);
-    }
-    params.distinguished_name = dn;
-    params.subject_alt_names = f.sans.clone();
-    (
-        params.serialize_request(&key).unwrap().pem().unwrap(),
-        key.serialize_pem(),
-    )
-}
-
-/// Files `f` as `client` under the name `name`; returns `(request PEM, key PEM)`.
-async fn file(client: &Client, name: &str, f: &Forge) -> (String, String) {
-    let (pem, key) = request(f);
-    file_text(client, name, f, pem.clone().into_bytes())
-        .await
-        .unwrap_or_else(|e| panic!("creating CSR {name}: {e}"));
-    (pem, key)
-}
-
-/// Files `request` (any bytes) as `spec.request`, with `f`'s signer, usages and lifetime.
-async fn file_text(
-    client: &Client,
-    name: &str,
-    f: &Forge,
-    request: Vec<u8>,
-) -> Result<CertificateSigningRequest, kube::Error> {
-    let csr = CertificateSigningRequest {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: CertificateSigningRequestSpec {
-            request: ByteString(request),
-            signer_name: f.signer.into(),
-            usages: Some(f.usages.iter().map(|s| s.to_string()).collect()),
-            expiration_seconds: f.expiration,
-            ..Default::default()
-        },
-        status: None,
-    };
-    Api::<CertificateSigningRequest>::all(client.clone())
-        .create(&PostParams::default(), &csr)
-        .await
-}
-
-fn approved(csr: &CertificateSigningRequest) -> bool {
-    csr.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Approved"))
-}
-
-async fn warning_for(admin: &Client, csr: &str) -> Option<String> {
-    let events = Api::<Event>::namespaced(admin.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .ok()?;
-    events.items.into_iter().find_map(|e| {
-        (e.regarding.as_ref()?.name.as_deref() == Some(csr)
-            && e.reason.as_deref() == Some(csr::NOT_APPROVED_REASON)
-            && e.type_.as_deref() == Some("Warning"))
-        .then(|| e.note.unwrap_or_default())
-    })
-}
-
-async fn signed(admin: &Client, name: &str) -> Vec<u8> {
-    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
-    eventually(
-        &format!("CSR {name} approved and signed"),
-        Duration::from_secs(60),
-        || async {
-            let c = csrs.get(name).await.ok()?;
-            assert!(
-                !c.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs
-                        .iter()
-                        .any(|c| c.type_ == "Denied" || c.type_ == "Failed")),
-                "{name} denied or failed: {:?}",
-                c.status
-            );
-            c.status?.certificate.map(|b| b.0).filter(|b| !b.is_empty())
-        },
-    )
-    .await
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved() {
@@ -773,34 +627,4 @@ async fn pem_forgeries(admin: &Client, bootstrapper: &Client, run: &str) -> Vec<
     );
     csrs.delete(attack, &DeleteParams::default()).await.unwrap();
     created.into_iter().skip(1).map(|(_, n)| n).collect()
-}
-
-/// The note of the Warning that the approver published on CSR `name`, once it did; asserts the
-/// CSR is not approved.
-async fn refused_with(admin: &Client, name: &str) -> String {
-    let note = eventually(
-        &format!("a Warning Event on CSR {name}"),
-        Duration::from_secs(30),
-        || warning_for(admin, name),
-    )
-    .await;
-    let csr = Api::<CertificateSigningRequest>::all(admin.clone())
-        .get(name)
-        .await
-        .unwrap();
-    assert!(!approved(&csr), "{name} approved: {note}");
-    note
-}
-
-/// Sets annotation `key` of ByoHost `name` to `value`, as an administrator.
-async fn annotate(byohosts: &Api<ByoHost>, name: &str, key: &str, value: &str) {
-    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-    byohosts
-        .patch(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
 }

@@ -77,6 +77,7 @@ async fn a_host_reaches_only_its_own_objects() {
         controller_client().await.unwrap(),
         HostAccessOptions {
             namespace: Some(ns.name().into()),
+            provider_namespace: byoh_controller::manifests::NAMESPACE.into(),
         },
     ));
     let pp = PostParams::default();
@@ -478,6 +479,7 @@ async fn a_host_cannot_set_change_or_remove_what_the_controller_decides_from() {
         controller_client().await.unwrap(),
         HostAccessOptions {
             namespace: Some(ns.name().into()),
+            provider_namespace: byoh_controller::manifests::NAMESPACE.into(),
         },
     ));
     let pp = PostParams::default();
@@ -731,6 +733,7 @@ async fn host_roles_are_written_only_when_they_differ_and_restored_when_changed(
         .unwrap();
     let opts = HostAccessOptions {
         namespace: Some(ns.name().into()),
+        provider_namespace: byoh_controller::manifests::NAMESPACE.into(),
     };
     let controller = controller_client().await.unwrap();
     let start = || tokio::spawn(hostaccess::run(controller.clone(), opts.clone()));
@@ -868,7 +871,10 @@ async fn a_host_name_is_no_authority_outside_host_pools() {
 
     let reconciler = tokio::spawn(hostaccess::run(
         controller_client().await.unwrap(),
-        HostAccessOptions { namespace: None },
+        HostAccessOptions {
+            namespace: None,
+            provider_namespace: byoh_controller::manifests::NAMESPACE.into(),
+        },
     ));
     let pool = TestNamespace::create(&admin, "pool").await.unwrap();
     let not_pool = format!("t-not-pool-{}", random_lower(6));

@@ -33,6 +33,8 @@ pub enum Decision {
         host: String,
         /// Who asked.
         requester: Requester,
+        /// SHA-256 of the request's public key (DER SubjectPublicKeyInfo), lowercase hex.
+        key_sha256: String,
     },
     /// BYOH-looking but wrong: leave it pending, with a Warning Event.
     Refuse {
@@ -235,7 +237,11 @@ pub fn decide(csr: &CertificateSigningRequest) -> Decision {
     };
 
     match (problems.is_empty(), host, requester) {
-        (true, Some(host), Some(requester)) => Decision::Approve { host, requester },
+        (true, Some(host), Some(requester)) => Decision::Approve {
+            host,
+            requester,
+            key_sha256: request.key_sha256,
+        },
         _ => Decision::Refuse {
             reason: problems.join("; "),
         },
@@ -366,22 +372,27 @@ mod tests {
 
     #[test]
     fn the_agents_csr_is_approved_from_a_bootstrap_token_and_on_renewal() {
-        assert_eq!(
-            decide(&build(&valid_bootstrap())),
+        let approved = |f: &Forge| match decide(&build(f)) {
             Decision::Approve {
-                host: "a".into(),
-                requester: Requester::Bootstrapper {
-                    token_id: "abc123".into()
-                }
+                host,
+                requester,
+                key_sha256,
+            } => (host, requester, key_sha256),
+            other => panic!("expected Approve, got {other:?}"),
+        };
+        let (host, requester, key) = approved(&valid_bootstrap());
+        assert_eq!(host, "a");
+        assert_eq!(
+            requester,
+            Requester::Bootstrapper {
+                token_id: "abc123".into()
             }
         );
-        assert_eq!(
-            decide(&build(&renewal())),
-            Decision::Approve {
-                host: "a".into(),
-                requester: Requester::Host
-            }
+        assert!(
+            key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{key}"
         );
+        assert_eq!(approved(&renewal()).1, Requester::Host);
         let p384 = Forge {
             key: &rcgen::PKCS_ECDSA_P384_SHA384,
             ..valid_bootstrap()

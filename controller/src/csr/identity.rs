@@ -3,16 +3,18 @@
 //!
 //! - A **bootstrap token** may enrol a name that no ByoHost has. A registered name (a ByoHost of
 //!   that name in any namespace, running or not) is enrolled again only when an administrator
-//!   put [`labels::ALLOW_RE_ENROLMENT`] on every ByoHost of that name (after reinstalling the
-//!   host); the approver removes it when it approves, so it allows one enrolment. Without this a
-//!   token holder could take over an offline, claimed host and read its bootstrap data.
+//!   put [`labels::ALLOW_RE_ENROLMENT`]`=true` on every ByoHost of that name (after
+//!   reinstalling the host; another value allows nothing); the approver removes it before it
+//!   approves, on the condition that it is still there ([`consume_re_enrolment`]), so it allows
+//!   one enrolment even when several CSRs for the name arrive at once. Without this a token
+//!   holder could take over an offline, claimed host and read its bootstrap data.
 //! - A **host renewing** needs its ByoHost: deleting the ByoHost, or marking it
 //!   [`labels::REVOKED`], stops renewal, so the identity ends when its certificate expires.
 
 use byoh_api::{ByoHost, labels};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 
 use super::{Requester, lease_is_live};
 
@@ -25,7 +27,7 @@ pub struct RegisteredHost {
     pub live: bool,
     /// It carries [`labels::REVOKED`].
     pub revoked: bool,
-    /// It carries [`labels::ALLOW_RE_ENROLMENT`].
+    /// It carries [`labels::ALLOW_RE_ENROLMENT`] with the value `true`.
     pub re_enrolment_allowed: bool,
 }
 
@@ -116,11 +118,47 @@ pub async fn registered(
         out.push(RegisteredHost {
             live: lease.is_some_and(|l| lease_is_live(&l, now)),
             revoked: annotations.contains_key(labels::REVOKED),
-            re_enrolment_allowed: annotations.contains_key(labels::ALLOW_RE_ENROLMENT),
+            re_enrolment_allowed: annotations
+                .get(labels::ALLOW_RE_ENROLMENT)
+                .is_some_and(|v| v == "true"),
             namespace,
         });
     }
     Ok(out)
+}
+
+/// Removes [`labels::ALLOW_RE_ENROLMENT`] from ByoHost `namespace/host` if it is still `true`,
+/// in one JSON Patch whose `test` operation makes the API server refuse the removal when
+/// another approval removed it first. Returns whether this call removed it (and so may use it).
+///
+/// # Errors
+/// The client error of the patch, other than the refused `test` (HTTP 422) or a ByoHost that
+/// is gone (404), which both mean "not removed by this call".
+pub async fn consume_re_enrolment(
+    client: &kube::Client,
+    namespace: &str,
+    host: &str,
+) -> Result<bool, kube::Error> {
+    // RFC 6901: "~" and "/" in a key are written "~0" and "~1".
+    let path = format!(
+        "/metadata/annotations/{}",
+        labels::ALLOW_RE_ENROLMENT
+            .replace('~', "~0")
+            .replace('/', "~1")
+    );
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": path, "value": "true" },
+        { "op": "remove", "path": path },
+    ]))
+    .map_err(kube::Error::SerdeError)?;
+    match Api::<ByoHost>::namespaced(client.clone(), namespace)
+        .patch(host, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 422 || e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

@@ -37,10 +37,11 @@
 //!
 //! The rules that need the API live in [`identity`]: a bootstrap token may not enrol a name
 //! that a ByoHost already has unless an administrator allowed it once; a host renews only while
-//! its ByoHost exists and is not revoked. A CSR they refuse gets the same Warning Event and is
-//! looked at again every minute.
+//! its ByoHost exists and is not revoked. And in [`enrolment`]: a bootstrap token's CSR is
+//! approved only after the name was recorded as its key's, by a create the API server makes at
+//! most once, so one name gets one key even when CSRs for it arrive together. A CSR they refuse
+//! gets the same Warning Event and is looked at again every minute.
 
-use byoh_api::ByoHost;
 use byoh_api::labels;
 use futures::StreamExt as _;
 use k8s_openapi::api::certificates::v1::{
@@ -48,7 +49,7 @@ use k8s_openapi::api::certificates::v1::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -80,6 +81,7 @@ pub const MAX_EXPIRATION_SECS: i32 = 365 * 24 * 3600;
 pub const CONTROLLER_NAME: &str = "byoh-csr-approver";
 
 mod decide;
+pub mod enrolment;
 pub mod identity;
 mod request;
 
@@ -95,7 +97,8 @@ pub struct CsrOptions {
     pub manual: bool,
     /// Reporting instance in Events (e.g. the pod name); defaults to the controller name.
     pub instance: Option<String>,
-    /// Namespace of the hosts' Leases (whether a registered host is running).
+    /// The provider's namespace: the hosts' Leases (whether a registered host is running) and
+    /// the enrolment records ([`enrolment`]).
     pub host_lease_namespace: String,
 }
 
@@ -175,7 +178,11 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
     match decide(&csr) {
         Decision::AlreadyDecided | Decision::NotOurs => {}
         Decision::Refuse { reason } => refuse(&ctx, &csr, &reason).await?,
-        Decision::Approve { host, requester } => {
+        Decision::Approve {
+            host,
+            requester,
+            key_sha256,
+        } => {
             let by = match &requester {
                 Requester::Bootstrapper { token_id } => format!("bootstrap token {token_id}"),
                 Requester::Host => "the host itself (renewal)".to_string(),
@@ -195,10 +202,64 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                     return Ok(Action::requeue(Duration::from_secs(60)));
                 }
             };
+            // A revocation outlives the ByoHost it was written on (enrolment.rs).
+            let revoked = enrolment::revoked(&ctx.client, &ctx.host_lease_namespace, &host)
+                .await
+                .map_err(|source| CsrError::Api {
+                    action: "reading the enrolment record of the host name",
+                    name: name.clone(),
+                    source,
+                })?;
+            if revoked {
+                refuse(
+                    &ctx,
+                    &csr,
+                    &enrolment::revoked_reason(&host, &ctx.host_lease_namespace),
+                )
+                .await?;
+                return Ok(Action::requeue(Duration::from_secs(60)));
+            }
             if ctx.manual {
                 tracing::info!(csr = %name, %host, requested_by = %by, "valid host CSR awaits manual approval");
                 publish(&ctx, &csr, EventType::Normal, MANUAL_REASON, format!("valid certificate request for host {host} from {by}; manual approval is on: check it, then run kubectl certificate approve {name}")).await?;
                 return Ok(Action::await_change());
+            }
+            // Used up before the approval, on the condition that it is still there: of several
+            // CSRs for the name filed at once, only the one whose removal succeeds goes on.
+            for namespace in &used_re_enrolment {
+                let consumed = identity::consume_re_enrolment(&ctx.client, namespace, &host)
+                    .await
+                    .map_err(|source| CsrError::Api {
+                        action: "using up the re-enrolment permission",
+                        name: name.clone(),
+                        source,
+                    })?;
+                if !consumed {
+                    refuse(&ctx, &csr, &format!("the one re-enrolment ByoHost {namespace}/{host} allowed was used by another CSR first (or withdrawn); annotate it with {}=true again to allow another", labels::ALLOW_RE_ENROLMENT)).await?;
+                    return Ok(Action::requeue(Duration::from_secs(60)));
+                }
+            }
+            // Enrolment: the name is recorded as this key's before the approval, by a create
+            // the API server makes at most once (enrolment.rs).
+            if let Requester::Bootstrapper { .. } = &requester {
+                let take = enrolment::take(
+                    &ctx.client,
+                    &ctx.host_lease_namespace,
+                    &host,
+                    &key_sha256,
+                    &name,
+                    !used_re_enrolment.is_empty(),
+                )
+                .await
+                .map_err(|source| CsrError::Api {
+                    action: "recording the enrolment of the host name",
+                    name: name.clone(),
+                    source,
+                })?;
+                if let enrolment::Take::Refused(reason) = take {
+                    refuse(&ctx, &csr, &reason).await?;
+                    return Ok(Action::requeue(Duration::from_secs(60)));
+                }
             }
             let mut approved = (*csr).clone();
             let status = approved
@@ -220,20 +281,6 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                     source,
                 })?;
             tracing::info!(csr = %name, %host, requested_by = %by, "approved host certificate signing request");
-            for namespace in used_re_enrolment {
-                // Used up: the permission allows one enrolment.
-                let patch = serde_json::json!({
-                    "metadata": { "annotations": { labels::ALLOW_RE_ENROLMENT: null } }
-                });
-                Api::<ByoHost>::namespaced(ctx.client.clone(), &namespace)
-                    .patch(&host, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(|source| CsrError::Api {
-                        action: "removing the used re-enrolment permission",
-                        name: name.clone(),
-                        source,
-                    })?;
-            }
         }
     }
     Ok(Action::await_change())
@@ -263,8 +310,10 @@ fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &CsrError, _ctx: Ar
 ///
 /// Needs: `certificatesigningrequests` get/list/watch, `certificatesigningrequests/approval`
 /// update, `signers` approve on `kubernetes.io/kube-apiserver-client`, `byohosts` list and patch
-/// and `leases` get ([`identity`]), and `events.k8s.io` events create/patch in namespace
-/// `default` (Events of cluster-scoped objects go there).
+/// and `leases` get ([`identity`]), `configmaps` get/create/update in the provider's namespace
+/// ([`enrolment`]; the Role of [`crate::manifests::enrolment_records_role`]), and
+/// `events.k8s.io` events create/patch in namespace `default` (Events of cluster-scoped
+/// objects go there).
 ///
 /// # Errors
 /// None today; the `Result` leaves room for start-up checks.

@@ -17,6 +17,7 @@
 //!
 //! What is read is reduced to [`Request`], which the rules in `decide.rs` check.
 
+use sha2::Digest as _;
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::prelude::{FromDer as _, GeneralName, ParsedExtension};
 
@@ -38,6 +39,9 @@ pub(crate) struct Request {
     pub attributes: Vec<String>,
     /// The public key.
     pub key: Key,
+    /// SHA-256 of the DER SubjectPublicKeyInfo, lowercase hex (what `openssl pkey -pubout
+    /// -outform DER | sha256sum` prints for the key): the key's identity in the enrolment record.
+    pub key_sha256: String,
 }
 
 /// The request's public key, as far as the rules care.
@@ -158,6 +162,10 @@ fn read(csr: &X509CertificationRequest<'_>) -> Result<Request, String> {
         }
     }
     let spki = &info.subject_pki;
+    request.key_sha256 = sha2::Sha256::digest(spki.raw)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let alg = &spki.algorithm.algorithm;
     request.key = if *alg == OID_KEY_TYPE_EC_PUBLIC_KEY {
         let curve = spki

@@ -1,0 +1,331 @@
+//! Enrolment as one atomic claim on a name, and revocation that sticks (issue 43), on the real
+//! API server and signer, with the controller's CSR approver and host access reconciler running
+//! in-process as its ServiceAccount (so the generated RBAC is what they have). Each test plays
+//! what a holder of the batch's bootstrap token, or a revoked host, does:
+//! - five enrolment CSRs for one fresh name filed at once yield one certificate (before the
+//!   enrolment record, all five were approved);
+//! - one re-enrolment permission, five CSRs at once: one certificate; the value `false` allows
+//!   nothing;
+//! - a revoked host loses its Role at once, and when its ByoHost is gone it creates another
+//!   without the mark: it gets no certificate and no grant.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use byoh_api::ByoHost;
+use byoh_controller::csr::{self, CsrOptions};
+use byoh_controller::hostaccess::{self, HostAccessOptions};
+use byoh_controller::manifests;
+use byoh_tests::access::*;
+use byoh_tests::agent;
+use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::csr::{annotate, approved, file, refused_with, signed, valid, warning_for};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::Role;
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, PostParams};
+use std::time::Duration;
+
+/// Files five valid CSRs for host `host` at once (each with its own key) as `client`, named
+/// `byoh-<host>-race<i>-<run>`, and waits until each is approved or has a Warning; returns
+/// `(names, approved names)`.
+async fn race(
+    admin: &kube::Client,
+    client: &kube::Client,
+    host: &str,
+    run: &str,
+) -> (Vec<String>, Vec<String>) {
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+    let names: Vec<String> = (0..5)
+        .map(|i| format!("byoh-{host}-race{i}-{run}"))
+        .collect();
+    let forge = valid(host);
+    futures::future::join_all(names.iter().map(|name| file(client, name, &forge))).await;
+    let winners = eventually(
+        &format!("every racing CSR for {host} approved or refused with a Warning"),
+        Duration::from_secs(60),
+        || async {
+            let mut approved_ones = Vec::new();
+            for name in &names {
+                let csr = csrs.get(name).await.ok()?;
+                if approved(&csr) {
+                    approved_ones.push(name.clone());
+                } else {
+                    warning_for(admin, name).await?;
+                }
+            }
+            Some(approved_ones)
+        },
+    )
+    .await;
+    (names, winners)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    let approver = tokio::spawn(csr::run(
+        controller_client().await.unwrap(),
+        CsrOptions::default(),
+    ));
+    let token = agent::create_bootstrap_token(&admin, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrapper = token_client(&token).await.unwrap();
+    let run = random_lower(6);
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+    let ns = TestNamespace::create(&admin, "enrolment").await.unwrap();
+    let byohosts = Api::<ByoHost>::namespaced(admin.clone(), ns.name());
+
+    // A fresh name (no ByoHost yet), five CSRs for it filed at once: one certificate, and the
+    // name recorded as that key's in the provider's namespace.
+    let fresh = format!("fresh-{run}");
+    let (fresh_racers, winners) = race(&admin, &bootstrapper, &fresh, &run).await;
+    assert_eq!(
+        winners.len(),
+        1,
+        "one fresh name, {} of 5 concurrent enrolment CSRs approved: {winners:?}",
+        winners.len()
+    );
+    signed(&admin, &winners[0]).await;
+    for name in fresh_racers.iter().filter(|n| **n != winners[0]) {
+        let note = refused_with(&admin, name).await;
+        assert!(
+            note.contains("already enrolled with another key"),
+            "{name}: {note}"
+        );
+    }
+    let records = Api::<ConfigMap>::namespaced(admin.clone(), manifests::NAMESPACE);
+    let record = records
+        .get(&csr::enrolment::record_name(&fresh))
+        .await
+        .unwrap();
+    assert_eq!(
+        record
+            .data
+            .unwrap_or_default()
+            .get(csr::enrolment::CSR)
+            .map(String::as_str),
+        Some(winners[0].as_str())
+    );
+    // A host cannot remove the record to have the name enrolled again (no ConfigMap rights).
+    let denied =
+        Api::<ConfigMap>::namespaced(host_client(&fresh).await.unwrap(), manifests::NAMESPACE)
+            .delete(
+                &csr::enrolment::record_name(&fresh),
+                &DeleteParams::default(),
+            )
+            .await;
+    assert!(
+        matches!(&denied, Err(kube::Error::Api(e)) if e.code == 403),
+        "a host deleted its enrolment record: {denied:?}"
+    );
+
+    // A registered, offline name: the administrator's permission allows one re-enrolment.
+    let offline = format!("offline-{run}");
+    byohosts
+        .create(
+            &PostParams::default(),
+            &ByoHost::new(&offline, Default::default()),
+        )
+        .await
+        .unwrap();
+    // Only the value `true` allows: `false` (an administrator's "no") allows nothing.
+    annotate(
+        &byohosts,
+        &offline,
+        byoh_api::labels::ALLOW_RE_ENROLMENT,
+        "false",
+    )
+    .await;
+    let said_no = format!("byoh-{offline}-false-{run}");
+    file(&bootstrapper, &said_no, &valid(&offline)).await;
+    let note = refused_with(&admin, &said_no).await;
+    assert!(note.contains("already registered"), "{note}");
+    csrs.delete(&said_no, &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // One permission, five CSRs for the name filed at once (each with its own key, as five
+    // holders of the batch's bootstrap token would): one certificate, four Warnings.
+    annotate(
+        &byohosts,
+        &offline,
+        byoh_api::labels::ALLOW_RE_ENROLMENT,
+        "true",
+    )
+    .await;
+    let (racers, outcomes) = race(&admin, &bootstrapper, &offline, &run).await;
+    assert_eq!(
+        outcomes.len(),
+        1,
+        "one re-enrolment permission, {} of 5 concurrent CSRs approved: {outcomes:?}",
+        outcomes.len()
+    );
+    signed(&admin, &outcomes[0]).await;
+    // The permission is gone, so no refused racer can use it when it is looked at again.
+    assert!(
+        !byohosts
+            .get(&offline)
+            .await
+            .unwrap()
+            .annotations()
+            .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT),
+        "the re-enrolment permission outlived its use"
+    );
+    for name in racers.iter().filter(|n| **n != outcomes[0]) {
+        let note = refused_with(&admin, name).await;
+        assert!(
+            note.contains("already registered") || note.contains("used by another CSR first"),
+            "{name}: {note}"
+        );
+    }
+    for name in &racers {
+        csrs.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+
+    approver.abort();
+    for name in &fresh_racers {
+        let _ = csrs.delete(name, &DeleteParams::default()).await;
+    }
+    for name in [&fresh, &offline] {
+        let _ = records
+            .delete(&csr::enrolment::record_name(name), &DeleteParams::default())
+            .await;
+    }
+    ns.cleanup(&admin).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_grant() {
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    let pool = TestNamespace::create(&admin, "revoked").await.unwrap();
+    let controller = controller_client().await.unwrap();
+    let approver = tokio::spawn(csr::run(controller.clone(), CsrOptions::default()));
+    let reconciler = tokio::spawn(hostaccess::run(
+        controller,
+        HostAccessOptions {
+            namespace: Some(pool.name().into()),
+            provider_namespace: manifests::NAMESPACE.into(),
+        },
+    ));
+    let run = random_lower(6);
+    let name = format!("revoked-{run}");
+    let host = host_client(&name).await.unwrap();
+    let pp = PostParams::default();
+    let as_host: Api<ByoHost> = Api::namespaced(host.clone(), pool.name());
+    let byohosts: Api<ByoHost> = Api::namespaced(admin.clone(), pool.name());
+    let roles: Api<Role> = Api::namespaced(admin.clone(), pool.name());
+    let role = hostaccess::role_name(&name);
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+
+    // Registered, it has its Role and renews.
+    eventually("the host registers", Duration::from_secs(30), || async {
+        as_host
+            .create(&pp, &ByoHost::new(&name, Default::default()))
+            .await
+            .ok()
+    })
+    .await;
+    eventually("its Role", Duration::from_secs(30), || async {
+        roles.get_opt(&role).await.ok().flatten()
+    })
+    .await;
+    let renewal = format!("byoh-{name}-renew-{run}");
+    file(&host, &renewal, &valid(&name)).await;
+    signed(&admin, &renewal).await;
+
+    // Revoked by an administrator: its Role is taken back at once and the revocation is
+    // recorded where the host cannot reach.
+    annotate(&byohosts, &name, byoh_api::labels::REVOKED, "true").await;
+    eventually("the Role taken back", Duration::from_secs(30), || async {
+        roles.get_opt(&role).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let records = Api::<ConfigMap>::namespaced(admin.clone(), manifests::NAMESPACE);
+    eventually(
+        "the revocation recorded",
+        Duration::from_secs(30),
+        || async {
+            records
+                .get_opt(&csr::enrolment::record_name(&name))
+                .await
+                .ok()
+                .flatten()
+                .filter(csr::enrolment::is_revoked)
+        },
+    )
+    .await;
+
+    // The revoked host may no longer delete its ByoHost (that came from its Role). Once it is
+    // gone anyway (an administrator cleans up, or the host deleted it before the controller
+    // acted), the host creates one of its name without the mark, as the hosts' group may.
+    let refused_delete = as_host.delete(&name, &DeleteParams::default()).await;
+    assert!(
+        matches!(&refused_delete, Err(kube::Error::Api(e)) if e.code == 403),
+        "the revoked host deleted its ByoHost: {refused_delete:?}"
+    );
+    byohosts
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the ByoHost gone", Duration::from_secs(30), || async {
+        byohosts.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let again = as_host
+        .create(&pp, &ByoHost::new(&name, Default::default()))
+        .await
+        .unwrap();
+    assert!(
+        !again.annotations().contains_key(byoh_api::labels::REVOKED),
+        "{again:?}"
+    );
+
+    // Its renewal stays pending, with a Warning naming the revocation: no certificate.
+    let after = format!("byoh-{name}-after-{run}");
+    file(&host, &after, &valid(&name)).await;
+    let note = refused_with(&admin, &after).await;
+    assert!(note.contains("is revoked"), "{note}");
+    let csr = csrs.get(&after).await.unwrap();
+    assert!(
+        csr.status
+            .and_then(|s| s.certificate)
+            .is_none_or(|c| c.0.is_empty()),
+        "a revoked host got a certificate"
+    );
+    // Nor does a bootstrap token get the name.
+    let token = agent::create_bootstrap_token(&admin, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let enrol = format!("byoh-{name}-enrol-{run}");
+    file(&token_client(&token).await.unwrap(), &enrol, &valid(&name)).await;
+    let note = refused_with(&admin, &enrol).await;
+    assert!(note.contains("revoked"), "{note}");
+    // And the re-created ByoHost got no Role: the reconciler saw it (the Warning above came
+    // later than its creation) and read the record before any grant.
+    assert!(
+        roles.get_opt(&role).await.unwrap().is_none(),
+        "the re-created ByoHost of a revoked host got its Role back"
+    );
+    assert!(!approved(&csrs.get(&after).await.unwrap()));
+
+    approver.abort();
+    reconciler.abort();
+    for csr_name in [&renewal, &after, &enrol] {
+        let _ = csrs.delete(csr_name, &DeleteParams::default()).await;
+    }
+    let _ = records
+        .delete(
+            &csr::enrolment::record_name(&name),
+            &DeleteParams::default(),
+        )
+        .await;
+    pool.cleanup(&admin).await.unwrap();
+}
