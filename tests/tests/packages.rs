@@ -254,7 +254,6 @@ fn rpms_hold_the_agent_unit_preset_config_and_scriptlets() {
             "systemctl --no-reload disable --now byoh-agent.service",
             "systemctl try-restart byoh-agent.service",
             "systemd-tmpfiles --create /usr/lib/tmpfiles.d/byoh-agent.conf",
-            "install -d -m 0755 /etc/byoh/agent.toml.d",
         ] {
             assert!(scripts.contains(needle), "{needle:?} not in: {scripts}");
         }

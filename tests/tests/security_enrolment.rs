@@ -27,8 +27,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use std::time::Duration;
 
 /// Files five valid CSRs for host `host` at once (each with its own key) as `client`, named
-/// `byoh-<host>-race<i>-<run>`, and waits until each is approved or has a Warning; returns
-/// `(names, approved names)`.
+/// `byoh-<host>-race<i>-<run>`, and waits until one at least is approved and each of the others
+/// is approved or has a Warning; returns `(names, approved names)`.
 async fn race(
     admin: &kube::Client,
     client: &kube::Client,
@@ -54,7 +54,10 @@ async fn race(
                     warning_for(admin, name).await?;
                 }
             }
-            Some(approved_ones)
+            // At least one: the other tests' approvers on this control plane reconcile the same
+            // CSRs, and one of them may put a Warning on the winner (the permission it is about
+            // to use is already gone) just before the approver that used it approves.
+            (!approved_ones.is_empty()).then_some(approved_ones)
         },
     )
     .await;
