@@ -455,14 +455,15 @@ async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAcce
             .map_err(record_error)?;
     }
     let reserved = byoh_api::labels::RESERVED_NAMESPACES.contains(&namespace.as_str());
-    let needs_write = !ctx
+    let role_current = ctx
         .roles
         .get(&key::<Role>(&host))
-        .is_some_and(|r| role_up_to_date(&r, &host_role(&host)))
-        || !ctx
-            .bindings
-            .get(&key::<RoleBinding>(&host))
-            .is_some_and(|b| role_binding_up_to_date(&b, &host_role_binding(&host)));
+        .is_some_and(|r| role_up_to_date(&r, &host_role(&host)));
+    let binding_current = ctx
+        .bindings
+        .get(&key::<RoleBinding>(&host))
+        .is_some_and(|b| role_binding_up_to_date(&b, &host_role_binding(&host)));
+    let needs_write = !role_current || !binding_current;
     // A grant is only ever written after the record was read: a ByoHost re-created without
     // the annotation gets nothing either.
     let revoked = revoked_here
@@ -493,24 +494,13 @@ async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Ctx>) -> Result<Action, HostAcce
         }
         return Ok(Action::await_change());
     }
-    let mut wrote = false;
-    if !ctx
-        .roles
-        .get(&key::<Role>(&host))
-        .is_some_and(|r| role_up_to_date(&r, &host_role(&host)))
-    {
+    if !role_current {
         apply_role(&ctx.client, &host).await?;
-        wrote = true;
     }
-    if !ctx
-        .bindings
-        .get(&key::<RoleBinding>(&host))
-        .is_some_and(|b| role_binding_up_to_date(&b, &host_role_binding(&host)))
-    {
+    if !binding_current {
         apply_role_binding(&ctx.client, &host).await?;
-        wrote = true;
     }
-    if wrote {
+    if needs_write {
         tracing::debug!(byoh_host = %host.name_any(), namespace = %host.namespace().unwrap_or_default(), "host access applied");
     }
     Ok(Action::await_change())
