@@ -38,7 +38,7 @@ TEST_COUNTS := target/test-counts.txt
 # Phases no test waits for: they get the CPU the tests leave (most test time waits on kubeadm,
 # systemd and the API server).
 BACKGROUND := nice -n 10
-# The phase the end of the run waits for (see phase-packages-rest).
+# The phases the tests wait for most (see phase-prepare and phase-packages-rest).
 CRITICAL := nice -n -5
 # Tests that need every package (arm64 and the .rpm too) and the image (a release laid out from
 # dist/ by `packaging/release --no-build`): held back in the tests phase until LATE_GATE says "ok"
@@ -50,8 +50,11 @@ export BYOH_TEST_COUNTS := $(abspath $(TEST_COUNTS))
 .PHONY: test-phases phase-prepare phase-build phase-packaging-tools phase-packages-amd64 \
 	phase-tests phase-verify phase-packages-rest phase-image phase-lint-packages phase-late-gate
 test-phases: phase-tests phase-verify phase-lint-packages phase-late-gate
+# The test bed's serial chain of Go builds and images is what a bare machine's tests wait for
+# longest; the Rust builds beside it (needed as well, but parallel to the last crate) fill its
+# gaps. On a warm machine it takes a second.
 phase-prepare:
-	@$(PHASE) prepare tests/prepare
+	@$(PHASE) prepare $(CRITICAL) tests/prepare
 phase-build:
 	@$(PHASE) build $(MAKE) --no-print-directory build-debug
 phase-packaging-tools:
@@ -67,10 +70,13 @@ phase-verify: phase-build
 	@$(PHASE) verify $(BACKGROUND) sh -c '$(MAKE) --no-print-directory verify && BYOH_TEST_PREBUILT=1 tests/schedule doc-tests'
 # The arm64 build's whole-program link is one thread of a few minutes that the late tests wait
 # for: it goes before the tests' own work (which mostly waits on kubeadm, systemd and the API
-# server). Without root, nice warns and runs it at the normal priority.
-phase-packages-rest: phase-packages-amd64
+# server). Without root, nice warns and runs it at the normal priority. It and the image start
+# once the test bed is prepared: on a bare machine the bed's Go builds are what the tests wait
+# for longest, and beside them these two (the arm64 build from nothing at that priority) held
+# the tests back by minutes (issue 35); on a warm one `prepare` takes a second.
+phase-packages-rest: phase-packages-amd64 phase-prepare
 	@$(PHASE) packages-rest $(CRITICAL) packaging/build-packages || { echo "failed: packages-rest" >$(LATE_GATE); exit 1; }
-phase-image: phase-packages-amd64
+phase-image: phase-packages-amd64 phase-prepare
 	@$(PHASE) image packaging/build-image || { echo "failed: image" >$(LATE_GATE); exit 1; }
 phase-late-gate: phase-packages-rest phase-image
 	@echo ok >$(LATE_GATE)

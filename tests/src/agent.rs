@@ -22,6 +22,15 @@ pub const BOOTSTRAPPERS_GROUP: &str = "system:bootstrappers:byoh";
 /// Group of host identities.
 pub const HOSTS_GROUP: &str = "byoh:hosts";
 
+/// The CABPK-shaped worker join data of the cases (`tests/cases/cloudinit/10-cabpk-worker-join.yaml`:
+/// `kubeadm join` with a join configuration, pre and post commands, the sentinel).
+///
+/// Panics when the file cannot be read (a test helper).
+pub fn cabpk_worker_join() -> String {
+    let path = repo_root().join("tests/cases/cloudinit/10-cabpk-worker-join.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// Repository root (the workspace).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

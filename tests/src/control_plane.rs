@@ -253,10 +253,20 @@ impl PrivateControlPlane {
     ///
     /// Errors when three start-ups failed; the error holds the last one's output.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts one with `env` (`(NAME, VALUE)` pairs) set for `tests/control-plane/up`, e.g.
+    /// `BYOH_TEST_CP_SIGNING_DURATION` (its kube-controller-manager's
+    /// `--cluster-signing-duration`).
+    ///
+    /// Errors as [`PrivateControlPlane::start`].
+    pub fn start_with(env: &[(&str, &str)]) -> anyhow::Result<Self> {
         let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/up");
         let mut last = String::new();
         for _ in 0..3 {
             let out = std::process::Command::new(&up)
+                .envs(env.iter().copied())
                 .output()
                 .with_context(|| format!("running {}", up.display()))?;
             if out.status.success() {

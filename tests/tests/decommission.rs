@@ -25,12 +25,6 @@ const FAKE_KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log
 /// The identity files the decommission removes.
 const IDENTITY: &[&str] = &["/var/lib/byoh/kubeconfig", "/var/lib/byoh/pending-csr.json"];
 
-/// CABPK-shaped worker bootstrap data (its `kubeadm join` runs the fake kubeadm).
-fn cabpk_case() -> String {
-    let path = agent::repo_root().join("tests/cases/cloudinit/10-cabpk-worker-join.yaml");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 struct Bed {
     admin: Client,
     ns: TestNamespace,
@@ -164,9 +158,14 @@ async fn a_free_host_decommissions_and_a_claimed_one_refuses() {
 
     // Claimed (as the controller writes a claim) and bootstrapped: refused, naming the
     // ByoMachine and --force, with nothing changed.
-    agent::create_bootstrap_secret(&bed.admin, &ns, "m-decom-bootstrap", &cabpk_case())
-        .await
-        .unwrap();
+    agent::create_bootstrap_secret(
+        &bed.admin,
+        &ns,
+        "m-decom-bootstrap",
+        &agent::cabpk_worker_join(),
+    )
+    .await
+    .unwrap();
     agent::claim_host(
         &bed.admin,
         &ns,
@@ -315,7 +314,7 @@ async fn force_releases_a_claimed_host_through_its_machine_then_decommissions() 
         )
         .await
         .unwrap();
-    agent::create_bootstrap_secret(&bed.admin, &ns, "m1-bootstrap", &cabpk_case())
+    agent::create_bootstrap_secret(&bed.admin, &ns, "m1-bootstrap", &agent::cabpk_worker_join())
         .await
         .unwrap();
     let machine: DynamicObject = serde_json::from_value(json!({

@@ -21,11 +21,6 @@ use std::time::Duration;
 /// /etc/byoh-test-kubeadm-fail exists.
 const FAKE_KUBEADM: &str = "#!/bin/sh\necho \"$*\" >> /run/byoh-test-kubeadm.log\nif [ \"$1\" = join ] && [ -e /etc/byoh-test-kubeadm-fail ]; then echo 'join failed' >&2; exit 1; fi\nexit 0\n";
 
-fn cabpk_case() -> String {
-    let path = agent::repo_root().join("tests/cases/cloudinit/10-cabpk-worker-join.yaml");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 async fn status_of(hosts: &Api<ByoHost>, name: &str) -> byoh_api::ByoHostStatus {
     hosts
         .get_status(name)
@@ -108,9 +103,14 @@ async fn cabpk_bootstrap_and_release(debian: Debian) {
     let name = host.name().to_string();
     let before = agent::snapshot(&host).await.unwrap();
 
-    agent::create_bootstrap_secret(&client, ns.name(), "m1-bootstrap", &cabpk_case())
-        .await
-        .unwrap();
+    agent::create_bootstrap_secret(
+        &client,
+        ns.name(),
+        "m1-bootstrap",
+        &agent::cabpk_worker_join(),
+    )
+    .await
+    .unwrap();
     agent::claim_host(
         &client,
         ns.name(),
@@ -291,7 +291,7 @@ async fn refused_and_failing_bootstrap_data_are_reported_on_the_byohost() {
     host.write_file("/etc/byoh-test-kubeadm-fail", b"", 0o644)
         .await
         .unwrap();
-    agent::create_bootstrap_secret(&client, ns.name(), "join", &cabpk_case())
+    agent::create_bootstrap_secret(&client, ns.name(), "join", &agent::cabpk_worker_join())
         .await
         .unwrap();
     agent::claim_host(&client, ns.name(), &name, "m-join", "uid-join-0001", "join")
@@ -943,9 +943,14 @@ async fn a_claim_and_its_release_are_told_by_events_on_the_byohost() {
         return;
     };
     let name = host.name().to_string();
-    agent::create_bootstrap_secret(&client, ns.name(), "m1-bootstrap", &cabpk_case())
-        .await
-        .unwrap();
+    agent::create_bootstrap_secret(
+        &client,
+        ns.name(),
+        "m1-bootstrap",
+        &agent::cabpk_worker_join(),
+    )
+    .await
+    .unwrap();
     agent::claim_host(
         &client,
         ns.name(),

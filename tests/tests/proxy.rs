@@ -115,12 +115,6 @@ fn which(name: &str) -> Option<std::path::PathBuf> {
         .find(|p| p.exists())
 }
 
-/// CABPK-shaped worker bootstrap data (its `kubeadm join` runs the stand-in kubeadm).
-fn cabpk_case() -> String {
-    let path = agent::repo_root().join("tests/cases/cloudinit/10-cabpk-worker-join.yaml");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 /// The environment of the main process of `unit`, one `NAME=value` per line (empty when it
 /// does not run).
 async fn environ(host: &Host, unit: &str) -> String {
@@ -248,7 +242,7 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     )
     .await
     .unwrap();
-    agent::create_bootstrap_secret(&admin, &nsn, "bootstrap", &cabpk_case())
+    agent::create_bootstrap_secret(&admin, &nsn, "bootstrap", &agent::cabpk_worker_join())
         .await
         .unwrap();
     // containerd runs before the claim, as on a real host.

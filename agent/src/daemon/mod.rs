@@ -17,7 +17,7 @@ use crate::doctor::{self, Severity};
 use crate::events::HostEvents;
 use crate::facts::{self, Facts};
 use crate::host::{HostApiError, HostHandle};
-use crate::hostwork::{HostWorker, WorkSettings};
+use crate::hostwork::{HostWorker, WorkSettings, kubelet_gate};
 use crate::identity::{self, IdentityPaths};
 use crate::registration::{self, check_identity};
 use crate::status::{ObservedClaim, RuntimeRecorder, RuntimeStatus, now_rfc3339};
@@ -89,6 +89,21 @@ pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
     })?;
 
     let systemd = SystemdManager::connect().await?;
+    // A provisioned host whose claim the management cluster cannot confirm (unreachable at
+    // boot) starts its kubelet on its own record after a while (hostwork::kubelet_gate).
+    let kubeconfig = IdentityPaths::new(&settings.state_dir).kubeconfig;
+    let managed = matches!(settings.credentials, Credentials::Bootstrap(_));
+    tokio::spawn(kubelet_gate::fail_open_later(
+        root.to_path_buf(),
+        crate::state::StateFile::new(&settings.state_dir),
+        systemd.clone(),
+        move || {
+            !managed
+                || kubelet_gate::still_valid(
+                    identity::certificate_validity(&kubeconfig).map(|(_, not_after)| not_after),
+                )
+        },
+    ));
     let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
     if let Some(addr) = settings.metrics_address {
         let bound = crate::metrics::serve(addr, metrics.clone())
@@ -325,7 +340,31 @@ async fn serve(
             .duration_since(SystemTime::now())
             .unwrap_or_default()
     });
-    let renewal = tokio::time::sleep(renew_in.unwrap_or(Duration::from_secs(u64::from(u32::MAX))));
+    // Renewal runs beside the loop, not inside one of its branches: while its CSR waits for
+    // approval (the approver restarting, an administrator's manual policy), the Lease, the
+    // ByoHost watch and the watchdog go on, so a host that renews never looks dead (issue 37:
+    // the Lease lapsed for as long as the approval took).
+    let renewal = async {
+        tokio::time::sleep(renew_in.unwrap_or(Duration::from_secs(u64::from(u32::MAX)))).await;
+        notify::status("Renewing the host certificate");
+        tracing::info!(
+            "renewing the host certificate ({:.0} % of its lifetime has passed)",
+            identity::RENEW_AT * 100.0
+        );
+        let mut on_wait = |csr: &str| {
+            notify::status(&format!(
+                "Renewing the host certificate: waiting for certificate signing request {csr}"
+            ));
+        };
+        identity::renew(
+            &client,
+            paths,
+            name,
+            settings.certificate_lifetime,
+            &mut on_wait,
+        )
+        .await
+    };
     tokio::pin!(renewal);
     let mut facts = facts.clone();
     // A claim a previous run announced is not announced again (a corrupt state file is the
@@ -409,13 +448,8 @@ async fn serve(
                 }
             }
             _ = watchdog_tick.tick() => notify::watchdog(),
-            _ = &mut renewal => {
-                notify::status("Renewing the host certificate");
-                let mut on_wait = |csr: &str| {
-                    notify::watchdog();
-                    notify::status(&format!("Renewing the host certificate: waiting for certificate signing request {csr}"));
-                };
-                let renewed = identity::renew(&client, paths, name, settings.certificate_lifetime, &mut on_wait).await?;
+            renewed = &mut renewal => {
+                let renewed = renewed?;
                 tracing::info!("host certificate renewed");
                 return Ok(Exit::Renewed(renewed));
             }

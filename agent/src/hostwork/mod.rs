@@ -379,6 +379,7 @@ struct BootstrapData {
 
 mod bootstrap;
 mod cleanup;
+pub mod kubelet_gate;
 pub mod leftovers;
 mod modules;
 mod probe;
@@ -392,9 +393,12 @@ use crate::failpoint::pause_before as failpoint;
 
 /// The kubelet drop-in that sets `--provider-id`: it replaces `ExecStart` with kubeadm's
 /// standard command line (10-kubeadm.conf) plus the flag; `kubelet` is the binary's path.
+/// Its `[Unit]` section gates the kubelet's start on the agent's confirmation of the claim
+/// ([`kubelet_gate`]).
 pub fn provider_id_dropin(kubelet: &str, provider_id: &str) -> String {
     format!(
-        "# Written by byoh-agent for the claim's providerID; removed when the host is released.\n[Service]\nExecStart=\nExecStart={kubelet} $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS --provider-id={provider_id}\n"
+        "# Written by byoh-agent for the claim's providerID; removed when the host is released.\n{}[Service]\nExecStart=\nExecStart={kubelet} $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS --provider-id={provider_id}\n",
+        kubelet_gate::dropin_unit_section()
     )
 }
 
@@ -440,6 +444,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             self.state.save(&state)?;
         }
         let action = decide(&host.spec, &state);
+        kubelet_gate::follow(&action, &self.settings.root, &self.units).await?;
         match &action {
             Action::Available => {
                 self.report_free(

@@ -1,0 +1,191 @@
+//! Issue 37: a host that dies while it is a node and comes back after Cluster API replaced it.
+//! On a booted host with the agent registered, a stand-in kubelet unit — enabled, as kubeadm's
+//! packages leave it — records every start on the host's disk, and a stand-in kubeadm's `join`
+//! starts it as kubeadm's `kubelet-start` phase does. The host is claimed and provisioned,
+//! switched off (`tests/hosts/stop --keep-state`), its claim released while it is off (as the
+//! controller does for a host whose Lease expired), and switched on again.
+//!
+//! Asserted: the kubelet does not start at boot — before issue 37 systemd started it before the
+//! agent had asked the management cluster anything, and a real kubelet registered its Node again
+//! in a cluster that had replaced it — the agent cleans the host up and offers it again; and a
+//! host switched off and on while its claim still holds starts its kubelet once the agent has
+//! confirmed the claim (the node comes back).
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use byoh_api::ByoHost;
+use byoh_tests::agent::{self, wait_for};
+use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::hosts::Host;
+use kube::Api;
+use std::time::Duration;
+
+/// A stand-in kubeadm: `join` starts the kubelet, as kubeadm's `kubelet-start` phase does.
+const FAKE_KUBEADM: &str = "#!/bin/sh\nif [ \"$1\" = join ]; then systemctl restart kubelet.service || exit 1; fi\nexit 0\n";
+/// A stand-in kubelet: each start appends a line to a file on the host's disk (under
+/// /var/log, which a power cycle keeps), then it runs until stopped.
+const FAKE_KUBELET: &str =
+    "#!/bin/sh\necho start >> /var/log/byoh-test-kubelet.starts\nexec sleep infinity\n";
+/// Its unit, enabled like the packaged kubelet's (restarted by systemd like it).
+const KUBELET_UNIT: &str = "[Unit]\nDescription=stand-in kubelet\n[Service]\nExecStart=/usr/local/bin/kubelet\nRestart=always\nRestartSec=2\n[Install]\nWantedBy=multi-user.target\n";
+
+/// How often the stand-in kubelet has started.
+async fn kubelet_starts(host: &Host) -> usize {
+    host.read_to_string("/var/log/byoh-test-kubelet.starts")
+        .await
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+async fn kubelet_active(host: &Host) -> String {
+    host.exec(&["systemctl", "is-active", "kubelet.service"])
+        .await
+        .unwrap()
+        .stdout
+        .trim()
+        .to_string()
+}
+
+/// A registered host with the stand-in kubeadm and kubelet, claimed by Machine `machine` and
+/// provisioned: its kubelet started once.
+async fn provisioned(
+    client: &kube::Client,
+    ns: &TestNamespace,
+    label: &str,
+    machine: &str,
+    uid: &str,
+) -> (Host, Api<ByoHost>) {
+    let host = Host::boot(label).await.unwrap();
+    host.write_file("/usr/local/bin/kubeadm", FAKE_KUBEADM.as_bytes(), 0o755)
+        .await
+        .unwrap();
+    host.write_file("/usr/local/bin/kubelet", FAKE_KUBELET.as_bytes(), 0o755)
+        .await
+        .unwrap();
+    host.write_file(
+        "/etc/systemd/system/kubelet.service",
+        KUBELET_UNIT.as_bytes(),
+        0o644,
+    )
+    .await
+    .unwrap();
+    host.run(&["systemctl", "enable", "kubelet.service"])
+        .await
+        .unwrap();
+    let hosts = agent::register_in(client, ns.name(), &host).await.unwrap();
+    let secret = format!("{machine}-bootstrap");
+    agent::create_bootstrap_secret(client, ns.name(), &secret, &agent::cabpk_worker_join())
+        .await
+        .unwrap();
+    agent::claim_host(client, ns.name(), host.name(), machine, uid, &secret)
+        .await
+        .unwrap();
+    agent::wait_phase(&hosts, host.name(), "Provisioned", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        kubelet_starts(&host).await,
+        1,
+        "kubeadm join starts the kubelet"
+    );
+    assert_eq!(kubelet_active(&host).await, "active");
+    (host, hosts)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_released_while_off_does_not_start_its_kubelet_when_it_comes_back() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !byoh_tests::hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "power-cycle-released")
+        .await
+        .unwrap();
+    let (host, hosts) =
+        provisioned(&client, &ns, "power-cycle-released", "m1", "uid-pc-0001").await;
+    let name = host.name().to_string();
+
+    host.power_off().await.unwrap();
+    // The controller releases a host whose Lease expired: the claim goes, the host's own record
+    // of it is what the agent cleans up after.
+    agent::drop_claim(&client, ns.name(), &name).await.unwrap();
+    host.power_on().await.unwrap();
+
+    wait_for(
+        "the host cleaned up and offered again",
+        Duration::from_secs(120),
+        || async {
+            Ok(hosts.get_opt(&name).await?.filter(|h| {
+                h.status.as_ref().is_some_and(|s| {
+                    s.cleaned_machine_uid.as_deref() == Some("uid-pc-0001")
+                        && s.phase.as_deref() == Some("Available")
+                })
+            }))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        kubelet_starts(&host).await,
+        1,
+        "the kubelet of a released node started when the host came back (a real one registers its Node again)"
+    );
+    assert_eq!(kubelet_active(&host).await, "inactive");
+    let journal = host.journal_messages("kubelet").await.unwrap().join("\n");
+    assert!(
+        journal.contains("skipped because of an unmet condition check")
+            || journal.contains("being skipped"),
+        "systemd's journal says why the kubelet did not start at boot:\n{journal}"
+    );
+
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_claim_holds_starts_its_kubelet_once_the_agent_confirms_it() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !byoh_tests::hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "power-cycle-kept")
+        .await
+        .unwrap();
+    let (host, hosts) = provisioned(&client, &ns, "power-cycle-kept", "m2", "uid-pc-0002").await;
+    let name = host.name().to_string();
+
+    host.power_off().await.unwrap();
+    host.power_on().await.unwrap();
+    wait_for(
+        "the kubelet started again",
+        Duration::from_secs(90),
+        || async { Ok((kubelet_starts(&host).await == 2).then_some(())) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(kubelet_active(&host).await, "active");
+    let journal = host
+        .journal_messages("byoh-agent")
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(
+        journal.contains(
+            "starting kubelet.service (the ByoHost confirms this host's claim since it booted)"
+        ),
+        "{journal}"
+    );
+    let h = hosts.get(&name).await.unwrap();
+    assert_eq!(
+        h.status.and_then(|s| s.phase).as_deref(),
+        Some("Provisioned"),
+        "the node is still the claim's"
+    );
+
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
