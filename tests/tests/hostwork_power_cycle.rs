@@ -46,15 +46,19 @@ async fn kubelet_active(host: &Host) -> String {
         .to_string()
 }
 
-/// A registered host with the stand-in kubeadm and kubelet, claimed by Machine `machine` and
-/// provisioned: its kubelet started once.
+/// In a namespace of its own, a registered host with the stand-in kubeadm and kubelet, claimed
+/// by Machine `machine` and provisioned: its kubelet started once. `None` when a part of the
+/// test bed is missing.
 async fn provisioned(
-    client: &kube::Client,
-    ns: &TestNamespace,
     label: &str,
     machine: &str,
     uid: &str,
-) -> (Host, Api<ByoHost>) {
+) -> Option<(kube::Client, TestNamespace, Host, Api<ByoHost>)> {
+    let client = control_plane::client().await?;
+    if !byoh_tests::hosts::available() {
+        return None;
+    }
+    let ns = TestNamespace::create(&client, label).await.unwrap();
     let host = Host::boot(label).await.unwrap();
     host.write_file("/usr/local/bin/kubeadm", FAKE_KUBEADM.as_bytes(), 0o755)
         .await
@@ -72,12 +76,12 @@ async fn provisioned(
     host.run(&["systemctl", "enable", "kubelet.service"])
         .await
         .unwrap();
-    let hosts = agent::register_in(client, ns.name(), &host).await.unwrap();
+    let hosts = agent::register_in(&client, ns.name(), &host).await.unwrap();
     let secret = format!("{machine}-bootstrap");
-    agent::create_bootstrap_secret(client, ns.name(), &secret, &agent::cabpk_worker_join())
+    agent::create_bootstrap_secret(&client, ns.name(), &secret, &agent::cabpk_worker_join())
         .await
         .unwrap();
-    agent::claim_host(client, ns.name(), host.name(), machine, uid, &secret)
+    agent::claim_host(&client, ns.name(), host.name(), machine, uid, &secret)
         .await
         .unwrap();
     agent::wait_phase(&hosts, host.name(), "Provisioned", Duration::from_secs(60))
@@ -89,22 +93,16 @@ async fn provisioned(
         "kubeadm join starts the kubelet"
     );
     assert_eq!(kubelet_active(&host).await, "active");
-    (host, hosts)
+    Some((client, ns, host, hosts))
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_released_while_off_does_not_start_its_kubelet_when_it_comes_back() {
-    let Some(client) = control_plane::client().await else {
+    let Some((client, ns, host, hosts)) =
+        provisioned("power-cycle-released", "m1", "uid-pc-0001").await
+    else {
         return;
     };
-    if !byoh_tests::hosts::available() {
-        return;
-    }
-    let ns = TestNamespace::create(&client, "power-cycle-released")
-        .await
-        .unwrap();
-    let (host, hosts) =
-        provisioned(&client, &ns, "power-cycle-released", "m1", "uid-pc-0001").await;
     let name = host.name().to_string();
 
     host.power_off().await.unwrap();
@@ -146,16 +144,11 @@ async fn a_node_released_while_off_does_not_start_its_kubelet_when_it_comes_back
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_whose_claim_holds_starts_its_kubelet_once_the_agent_confirms_it() {
-    let Some(client) = control_plane::client().await else {
+    let Some((client, ns, host, hosts)) =
+        provisioned("power-cycle-kept", "m2", "uid-pc-0002").await
+    else {
         return;
     };
-    if !byoh_tests::hosts::available() {
-        return;
-    }
-    let ns = TestNamespace::create(&client, "power-cycle-kept")
-        .await
-        .unwrap();
-    let (host, hosts) = provisioned(&client, &ns, "power-cycle-kept", "m2", "uid-pc-0002").await;
     let name = host.name().to_string();
 
     host.power_off().await.unwrap();

@@ -28,13 +28,15 @@ use std::time::Duration;
 
 /// Files five valid CSRs for host `host` at once (each with its own key) as `client`, named
 /// `byoh-<host>-race<i>-<run>`, and waits until one at least is approved and each of the others
-/// is approved or has a Warning; returns `(names, approved names)`.
+/// is approved or has a Warning; asserts that exactly one was approved (`what` names the race in
+/// the failure) and that the signer signed it; returns `(names, the winner)`.
 async fn race(
     admin: &kube::Client,
     client: &kube::Client,
     host: &str,
     run: &str,
-) -> (Vec<String>, Vec<String>) {
+    what: &str,
+) -> (Vec<String>, String) {
     let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
     let names: Vec<String> = (0..5)
         .map(|i| format!("byoh-{host}-race{i}-{run}"))
@@ -61,7 +63,14 @@ async fn race(
         },
     )
     .await;
-    (names, winners)
+    assert_eq!(
+        winners.len(),
+        1,
+        "{what}: {} of 5 concurrent CSRs approved: {winners:?}",
+        winners.len()
+    );
+    signed(admin, &winners[0]).await;
+    (names, winners[0].clone())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -86,15 +95,8 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
     // A fresh name (no ByoHost yet), five CSRs for it filed at once: one certificate, and the
     // name recorded as that key's in the provider's namespace.
     let fresh = format!("fresh-{run}");
-    let (fresh_racers, winners) = race(&admin, &bootstrapper, &fresh, &run).await;
-    assert_eq!(
-        winners.len(),
-        1,
-        "one fresh name, {} of 5 concurrent enrolment CSRs approved: {winners:?}",
-        winners.len()
-    );
-    signed(&admin, &winners[0]).await;
-    for name in fresh_racers.iter().filter(|n| **n != winners[0]) {
+    let (fresh_racers, winner) = race(&admin, &bootstrapper, &fresh, &run, "one fresh name").await;
+    for name in fresh_racers.iter().filter(|n| **n != winner) {
         let note = refused_with(&admin, name).await;
         assert!(
             note.contains("already enrolled with another key"),
@@ -112,7 +114,7 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
             .unwrap_or_default()
             .get(csr::enrolment::CSR)
             .map(String::as_str),
-        Some(winners[0].as_str())
+        Some(winner.as_str())
     );
     // A host cannot remove the record to have the name enrolled again (no ConfigMap rights).
     let denied =
@@ -161,14 +163,14 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
         "true",
     )
     .await;
-    let (racers, outcomes) = race(&admin, &bootstrapper, &offline, &run).await;
-    assert_eq!(
-        outcomes.len(),
-        1,
-        "one re-enrolment permission, {} of 5 concurrent CSRs approved: {outcomes:?}",
-        outcomes.len()
-    );
-    signed(&admin, &outcomes[0]).await;
+    let (racers, winner) = race(
+        &admin,
+        &bootstrapper,
+        &offline,
+        &run,
+        "one re-enrolment permission",
+    )
+    .await;
     // The permission is gone, so no refused racer can use it when it is looked at again.
     assert!(
         !byohosts
@@ -179,7 +181,7 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
             .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT),
         "the re-enrolment permission outlived its use"
     );
-    for name in racers.iter().filter(|n| **n != outcomes[0]) {
+    for name in racers.iter().filter(|n| **n != winner) {
         let note = refused_with(&admin, name).await;
         assert!(
             note.contains("already registered") || note.contains("used by another CSR first"),
