@@ -97,6 +97,15 @@ pub const REVOKED: &str = "byoh.infrastructure.cluster.x-k8s.io/revoked";
 /// policy); the host's own request is the `Maintenance` condition (`byoh-agent maintenance`).
 pub const MAINTENANCE: &str = "byoh.infrastructure.cluster.x-k8s.io/maintenance";
 
+/// ByoHost: the host's failed bootstraps since its last successful one (annotation, JSON
+/// `{"count":N,"lastFailure":RFC3339,"machine":NAME,"machineUID":UID}`; written by the
+/// controller when it releases a claim the host reported failed, removed by it when a
+/// bootstrap succeeds). The controller hands the host to no ByoMachine for `base × 2^(count −
+/// 1)` after `lastFailure` (`--bootstrap-failure-backoff`, at most
+/// `--bootstrap-failure-backoff-max`); an administrator who fixed the host removes it. Hosts
+/// cannot set or remove it (admission policy).
+pub const BOOTSTRAP_FAILURES: &str = "byoh.infrastructure.cluster.x-k8s.io/bootstrap-failures";
+
 /// ByoHost: a bootstrap token may enrol this host's name again once (annotation, value `true`;
 /// any other value allows nothing; set by an administrator after reinstalling the host).
 /// Without it a bootstrap token cannot obtain the certificate of a registered host. The CSR

@@ -179,9 +179,27 @@ pub struct MachineBootstrap {
     pub data_secret_name: Option<String>,
 }
 
-/// `Machine.status` (BYOH reads nothing from it).
+/// `Machine.status`, the fields BYOH reads.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct MachineStatus {}
+pub struct MachineStatus {
+    /// `status.conditions` (`metav1.Condition`).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// Whether a MachineHealthCheck found that `machine`'s Node never appeared in time: condition
+/// `HealthCheckSucceeded=False` with reason `NodeStartupTimeout` (Cluster API v1beta2,
+/// `MachineHealthCheckNodeStartupTimeoutReason`; set before the MachineSet or KCP deletes the
+/// Machine to remediate it).
+pub fn node_startup_timed_out(machine: &Machine) -> bool {
+    machine.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == "HealthCheckSucceeded"
+                && c.status == "False"
+                && c.reason == "NodeStartupTimeout"
+        })
+    })
+}
 
 /// Whether a Cluster is paused (`spec.paused` or the `cluster.x-k8s.io/paused` annotation).
 pub fn cluster_paused(cluster: &Cluster) -> bool {

@@ -72,6 +72,14 @@ pub struct RunArgs {
     /// where the hosts' group may write its Leases.
     #[arg(long, env = "POD_NAMESPACE", default_value = byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE)]
     pub host_lease_namespace: String,
+    /// How long a host whose bootstrap failed is held back before it is handed out again,
+    /// doubling with each failure in a row (humantime; the annotation
+    /// `byoh.infrastructure.cluster.x-k8s.io/bootstrap-failures` records them).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub bootstrap_failure_backoff: Duration,
+    /// The longest hold of `--bootstrap-failure-backoff`, whatever the count (humantime).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub bootstrap_failure_backoff_max: Duration,
 }
 
 impl RunArgs {
@@ -112,6 +120,13 @@ mod tests {
             "clusterctl's empty default means all namespaces"
         );
         assert_eq!(args.release_timeout, Duration::from_secs(600));
+        assert_eq!(
+            (
+                args.bootstrap_failure_backoff,
+                args.bootstrap_failure_backoff_max
+            ),
+            (Duration::from_secs(300), Duration::from_secs(3600))
+        );
         assert!(args.leader_elect);
         assert_eq!(
             args.metrics_socket().unwrap(),

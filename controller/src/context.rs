@@ -59,6 +59,8 @@ pub struct Settings {
     /// [`byoh_api::labels::HOST_LEASES`]); the Lease of host `<ns>/<name>` is
     /// `<ns>.<name>` there ([`byoh_api::names::host_lease_name`]).
     pub host_lease_namespace: String,
+    /// How long hosts are held back after failed bootstraps.
+    pub bootstrap_backoff: crate::bootstrap_failures::BackOff,
 }
 
 impl Default for Settings {
@@ -73,6 +75,7 @@ impl Default for Settings {
             identity: None,
             manual_csr_approval: false,
             host_lease_namespace: byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE.into(),
+            bootstrap_backoff: Default::default(),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! See `docs/architecture.md`.
 
 pub mod admission;
+pub mod bootstrap_failures;
 pub mod bootstrapkubeconfig;
 pub mod byocluster;
 pub mod byomachine;

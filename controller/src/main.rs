@@ -42,6 +42,10 @@ fn run(args: byoh_controller::cli::RunArgs) -> anyhow::Result<()> {
         identity: None,
         manual_csr_approval: args.manual_csr_approval,
         host_lease_namespace: args.host_lease_namespace,
+        bootstrap_backoff: byoh_controller::bootstrap_failures::BackOff {
+            base: args.bootstrap_failure_backoff,
+            max: args.bootstrap_failure_backoff_max,
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -8,6 +8,7 @@
 //! pick is random, so that reconcilers racing for hosts mostly try different ones; the claim
 //! itself is made safe by the API server's optimistic concurrency, not by this choice.
 
+use crate::bootstrap_failures::{self, BackOff};
 use byoh_api::ByoHost;
 use byoh_api::byohost::MachineReference;
 use byoh_api::labels;
@@ -47,6 +48,9 @@ pub struct Request<'a> {
     /// Whether the Machine of a host's last claim still exists: a host whose
     /// `spec.previousMachineRef` still exists is held back. `None` holds no host.
     pub machine_exists: Option<MachineLookup<'a>>,
+    /// How long hosts are held back after failed bootstraps ([`crate::bootstrap_failures`]);
+    /// `None` holds no host.
+    pub bootstrap_backoff: Option<BackOff>,
 }
 
 /// Answers, from the controller's Machine cache, whether the CAPI Machine that a host's
@@ -103,6 +107,9 @@ pub enum Rejection {
     FailureDomain,
     /// The host is reserved by a claim in flight from this controller.
     InFlight,
+    /// The host's last bootstraps failed and its back-off has not passed (annotation
+    /// `byoh.infrastructure.cluster.x-k8s.io/bootstrap-failures`).
+    BootstrapBackOff,
 }
 
 /// Whether a Lease is live at `now`: `renewTime + leaseDurationSeconds > now`.
@@ -201,6 +208,12 @@ pub fn eligibility(
     if in_maintenance(host) {
         return Err(Rejection::Maintenance);
     }
+    if req
+        .bootstrap_backoff
+        .is_some_and(|b| bootstrap_failures::held(host, &b, now).is_some())
+    {
+        return Err(Rejection::BootstrapBackOff);
+    }
     let Some(lease) = lease else {
         return Err(Rejection::NoLease);
     };
@@ -281,19 +294,27 @@ pub struct Selection<'a> {
     pub chosen: Option<&'a ByoHost>,
     /// How many hosts of the namespace were rejected, by reason (for the condition message).
     pub rejected: BTreeMap<Rejection, usize>,
+    /// When the first host held back by [`Rejection::BootstrapBackOff`] is free of it.
+    pub back_off_ends: Option<Timestamp>,
 }
 
 impl Selection<'_> {
-    /// A one-line summary of the rejections, e.g. `3 Claimed, 1 LeaseExpired`.
+    /// A one-line summary of the rejections, e.g. `3 Claimed, 1 LeaseExpired`, and when the
+    /// first host held back after failed bootstraps is free of it.
     pub fn summary(&self) -> String {
         if self.rejected.is_empty() {
             return "no ByoHost in the namespace".into();
         }
-        self.rejected
+        let counts = self
+            .rejected
             .iter()
             .map(|(r, n)| format!("{n} {r:?}"))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", ");
+        match self.back_off_ends {
+            Some(t) => format!("{counts} (the first back-off after failed bootstraps ends at {t})"),
+            None => counts,
+        }
     }
 }
 
@@ -309,6 +330,7 @@ pub fn select<'a, R: rand::Rng + ?Sized, L: std::borrow::Borrow<Lease>>(
     rng: &mut R,
 ) -> Selection<'a> {
     let mut rejected = BTreeMap::new();
+    let mut back_off_ends: Option<Timestamp> = None;
     let mut eligible: Vec<&ByoHost> = Vec::new();
     // Claimed hosts of this cluster per failure domain (spreading).
     let mut claimed_per_domain: BTreeMap<&str, usize> = BTreeMap::new();
@@ -342,7 +364,16 @@ pub fn select<'a, R: rand::Rng + ?Sized, L: std::borrow::Borrow<Lease>>(
             });
         match verdict {
             Ok(()) => eligible.push(host),
-            Err(r) => *rejected.entry(r).or_default() += 1,
+            Err(r) => {
+                if r == Rejection::BootstrapBackOff
+                    && let Some(until) = req
+                        .bootstrap_backoff
+                        .and_then(|b| bootstrap_failures::held(host, &b, now))
+                {
+                    back_off_ends = Some(back_off_ends.map_or(until, |t| t.min(until)));
+                }
+                *rejected.entry(r).or_default() += 1;
+            }
         }
     }
     let rank = |h: &ByoHost| {
@@ -374,7 +405,11 @@ pub fn select<'a, R: rand::Rng + ?Sized, L: std::borrow::Borrow<Lease>>(
         best.sort_by(by_name);
         best[rng.random_range(0..best.len())]
     });
-    Selection { chosen, rejected }
+    Selection {
+        chosen,
+        rejected,
+        back_off_ends,
+    }
 }
 
 #[cfg(test)]
@@ -693,11 +728,17 @@ mod tests {
             ]
             .into()
         );
-        let s = Selection {
+        let mut s = Selection {
             chosen: None,
             rejected,
+            back_off_ends: None,
         };
         assert_eq!(s.summary(), "1 MinCPU, 1 MinMemory, 2 AcceleratorVendor");
+        s.back_off_ends = Some(now());
+        assert_eq!(
+            s.summary(),
+            "1 MinCPU, 1 MinMemory, 2 AcceleratorVendor (the first back-off after failed bootstraps ends at 2026-06-01T12:00:00Z)"
+        );
     }
 
     #[test]
@@ -1018,6 +1059,47 @@ mod tests {
                 "case {name:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_host_whose_bootstraps_failed_is_held_for_its_back_off() {
+        let backoff = BackOff::default();
+        let with_failures = |count: u32, minutes_ago: i64| {
+            let (mut host, lease) = h("a").build();
+            let last = now() - SignedDuration::from_mins(minutes_ago);
+            host.metadata.annotations = Some(
+                [(
+                    labels::BOOTSTRAP_FAILURES.to_string(),
+                    format!(
+                        r#"{{"count":{count},"lastFailure":"{last}","machine":"m","machineUID":"u"}}"#
+                    ),
+                )]
+                .into(),
+            );
+            (host, lease)
+        };
+        let held = Request {
+            bootstrap_backoff: Some(backoff),
+            ..req()
+        };
+        for (count, minutes_ago, want) in [
+            (1, 4, Err(Rejection::BootstrapBackOff)),
+            (1, 5, Ok(())),
+            (3, 19, Err(Rejection::BootstrapBackOff)),
+            (3, 20, Ok(())),
+            (9, 59, Err(Rejection::BootstrapBackOff)),
+            (9, 60, Ok(())),
+        ] {
+            let (host, lease) = with_failures(count, minutes_ago);
+            assert_eq!(
+                eligibility(&host, lease.as_ref(), &held, now()),
+                want,
+                "{count} failures, the last {minutes_ago} min ago"
+            );
+        }
+        // Without a back-off setting nothing is held.
+        let (host, lease) = with_failures(1, 0);
+        assert_eq!(eligibility(&host, lease.as_ref(), &req(), now()), Ok(()));
     }
 
     #[test]

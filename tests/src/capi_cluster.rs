@@ -399,6 +399,35 @@ impl<'a> CapiCluster<'a> {
         .await
     }
 
+    /// Deletes the Cluster and waits until it and every Machine are gone and every host of the
+    /// bed is back in the pool as before its claims ([`Self::wait_released_clean`]).
+    ///
+    /// Errors when that does not happen in time (10 min for the Machines, 5 for each host).
+    pub async fn delete_and_wait_clean(&self) -> anyhow::Result<()> {
+        self.capi("Cluster")
+            .delete(self.name, &kube::api::DeleteParams::default())
+            .await?;
+        wait_for(
+            "the Cluster and every Machine gone",
+            Duration::from_secs(600),
+            || async {
+                let cluster = self.capi("Cluster").get_opt(self.name).await?;
+                let machines = self
+                    .capi("Machine")
+                    .list(&ListParams::default())
+                    .await?
+                    .items;
+                Ok((cluster.is_none() && machines.is_empty()).then_some(()))
+            },
+        )
+        .await?;
+        for host in &self.bed.hosts {
+            self.wait_released_clean(host.name(), Duration::from_secs(300))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Waits until ByoHost `name` is `Available` again (released, cleaned) and its file tree
     /// and unit list equal its snapshot before any claim.
     ///
@@ -438,6 +467,19 @@ impl<'a> CapiCluster<'a> {
             diff.join("\n")
         )
     }
+}
+
+/// A control-plane endpoint address for a cluster of this test process, in the test network's
+/// range for endpoints `198.18.0.200-238`: three per process (`slot` 0 and 1: capi_e2e's two
+/// clusters, 2: capi_remediation's), chosen by the process ID so that runs of other worktrees on
+/// the same bridge mostly do not collide, and two test binaries of one run never do (their
+/// slots differ). `198.18.0.240-254` are the fixed addresses of other tests and the demo
+/// (hygiene.rs adds .250 and .251 on a host of the bridge while these tests may run beside it).
+pub fn endpoint_ip(slot: u32) -> String {
+    format!(
+        "198.18.0.{}",
+        200 + (std::process::id() % 13) * 3 + slot % 3
+    )
 }
 
 /// Whether condition `type_` of a Cluster API object's v1beta2 `status.conditions` is True.

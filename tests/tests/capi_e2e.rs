@@ -74,18 +74,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use std::time::Duration;
 
-/// The control-plane endpoint of the cluster named `cluster`, in the test network's range for
-/// endpoints `198.18.0.200-239`: a pair per test process (so that runs of other worktrees on
-/// the same bridge do not collide), [`CLUSTER`] the first of it, [`TOPOLOGY_CLUSTER`] the second
-/// (the two tests of this file run at once). `198.18.0.240-254` are the fixed addresses of
-/// other tests and the demo (hygiene.rs adds .250 and .251 on a host of the bridge while this
-/// test may run beside it).
+/// The control-plane endpoint of the cluster named `cluster`: the first address of this
+/// process's slot for [`CLUSTER`], the second for [`TOPOLOGY_CLUSTER`] (the two tests of this
+/// file run at once; [`endpoint_ip`](byoh_tests::capi_cluster::endpoint_ip)).
 fn endpoint_ip(cluster: &str) -> String {
-    let second = u32::from(cluster == TOPOLOGY_CLUSTER);
-    format!("198.18.0.{}", 200 + (std::process::id() % 20) * 2 + second)
+    byoh_tests::capi_cluster::endpoint_ip(u32::from(cluster == TOPOLOGY_CLUSTER))
 }
 /// The sections of docs/getting_started.md whose Cluster API blocks the two tests run: creating
 /// the cluster, and moving to another management cluster.
@@ -501,28 +497,12 @@ async fn delete(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         None => None,
     }
     .context("no control-plane host")?;
-    c.capi("Cluster")
-        .delete(c.name, &DeleteParams::default())
-        .await?;
     // What the claim left on the control-plane host's network goes with the clean-up, without
     // anyone's help: the bridge CNI's `cni0` (CoreDNS's pods ran there; neither the bridge
     // plugin nor `kubeadm reset` removes it) and the endpoint address (the kube-vip stand-in's,
     // as a kube-vip killed before it could drop it would leave it): the agent removes the
     // interface the claim created and the Cluster's endpoint address the claim added.
-    wait_for(
-        "the Cluster and every Machine gone",
-        Duration::from_secs(600),
-        || async {
-            let cluster = c.capi("Cluster").get_opt(c.name).await?;
-            let machines = c.capi("Machine").list(&ListParams::default()).await?.items;
-            Ok((cluster.is_none() && machines.is_empty()).then_some(()))
-        },
-    )
-    .await?;
-    for host in &bed.hosts {
-        c.wait_released_clean(host.name(), Duration::from_secs(300))
-            .await?;
-    }
+    c.delete_and_wait_clean().await?;
     let vip = format!("{}/32", endpoint_ip(c.name));
     let host = bed.host(&cp_host)?;
     let links = host.run(&["ip", "-br", "link"]).await?;

@@ -9,6 +9,7 @@ use crate::selection::{self, Request};
 use byoh_api::byohost::HostClaim;
 use byoh_api::{ByoHost, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use std::collections::HashSet;
@@ -47,7 +48,9 @@ pub(super) async fn find_claimed_host(
 
 pub(super) enum Claimed {
     Host(Arc<ByoHost>),
-    NoneEligible(String),
+    /// Why no host qualifies ([`selection::Selection::summary`]), and when the first host
+    /// held back after failed bootstraps is free of it.
+    NoneEligible(String, Option<Timestamp>),
     Contended,
 }
 
@@ -104,7 +107,10 @@ pub(super) async fn claim_host(
                         .rejected
                         .contains_key(&selection::Rejection::InFlight) =>
                 {
-                    return Ok(Claimed::NoneEligible(selection.summary()));
+                    return Ok(Claimed::NoneEligible(
+                        selection.summary(),
+                        selection.back_off_ends,
+                    ));
                 }
                 None => return Ok(Claimed::Contended),
             }
@@ -225,7 +231,7 @@ async fn resolve_double_claim(
     let keep = ours.remove(0);
     for extra in ours {
         tracing::warn!(byomachine = %n.name, host = %extra.name_any(), kept = %keep.name_any(), "a concurrent claim took a second host for one ByoMachine; releasing it");
-        drop_claim(api, extra, &n.uid, None, None).await?;
+        drop_claim(api, extra, &n.uid, None, None, false).await?;
     }
     ctx.claims()
         .made

@@ -109,11 +109,16 @@ pub fn owner_machine(bm: &ByoMachine) -> Option<String> {
     owner_machine_ref(bm).map(|m| m.name)
 }
 
-/// Whether the Machine cache holds Machine `m` (same name and UID) in namespace `ns`.
-fn machine_cached(ctx: &Context, ns: &str, m: &MachineReference) -> bool {
+/// Machine `m` (same name and UID) in namespace `ns` from the Machine cache, if it holds it.
+fn cached_machine(ctx: &Context, ns: &str, m: &MachineReference) -> Option<Arc<capi::Machine>> {
     ctx.machines
         .get(&ObjectRef::new_with(&m.name, capi::machine_resource()).within(ns))
-        .is_some_and(|x| x.uid().as_deref() == Some(m.uid.as_str()))
+        .filter(|x| x.uid().as_deref() == Some(m.uid.as_str()))
+}
+
+/// Whether the Machine cache holds Machine `m` (same name and UID) in namespace `ns`.
+fn machine_cached(ctx: &Context, ns: &str, m: &MachineReference) -> bool {
+    cached_machine(ctx, ns, m).is_some()
 }
 
 /// Whether the Machine cache holds, in namespace `ns`, the Machine that `host`'s

@@ -7,6 +7,7 @@ use super::{
     WAIT_FOR_HOST_REQUEUE, apply_status, claim_blocker, machine_ref, mark_waiting, now,
     previous_machine_cached,
 };
+use crate::bootstrap_failures;
 use crate::capi::{Cluster, Machine};
 use crate::context::Context;
 use crate::error::Error;
@@ -16,7 +17,7 @@ use byoh_api::byohost::{HostClaim, MachineReference};
 use byoh_api::byomachine::HostReference;
 use byoh_api::common::{Initialization, LocalObjectReference};
 use byoh_api::conditions::{self, reasons, types};
-use byoh_api::{ByoMachine, ByoMachineStatus, labels};
+use byoh_api::{ByoHost, ByoMachine, ByoMachineStatus, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -174,6 +175,7 @@ pub(super) async fn provision(
             failure_domain: machine.spec.failure_domain.as_deref(),
             cluster_name: &cluster_name,
             machine_exists: Some(selection::MachineLookup(&machine_exists)),
+            bootstrap_backoff: Some(ctx.settings.bootstrap_backoff),
         };
         match claim_host(ctx, &n, &req, &claim).await? {
             Claimed::Host(h) => {
@@ -184,7 +186,7 @@ pub(super) async fn provision(
                 tracing::info!(byomachine = %n.name, namespace = %n.ns, host = %h.name_any(), "claimed host");
                 host = Some(h);
             }
-            Claimed::NoneEligible(why) => {
+            Claimed::NoneEligible(why, back_off_ends) => {
                 mark_waiting(
                     &mut status,
                     reasons::NO_HOST_AVAILABLE,
@@ -192,7 +194,13 @@ pub(super) async fn provision(
                     generation,
                 );
                 apply_status(api, bm, &status).await?;
-                return Ok(Action::requeue(WAIT_FOR_HOST_REQUEUE));
+                // A back-off ends without an event of the host: look again then.
+                let back_off = back_off_ends
+                    .and_then(|t| Duration::try_from(t.duration_since(now())).ok())
+                    .map(|d| d + Duration::from_secs(1));
+                return Ok(Action::requeue(
+                    back_off.map_or(WAIT_FOR_HOST_REQUEUE, |d| d.min(WAIT_FOR_HOST_REQUEUE)),
+                ));
             }
             Claimed::Contended => {
                 mark_waiting(
@@ -232,14 +240,42 @@ pub(super) async fn provision(
     let bootstrapped = conditions::is_true(&hs.conditions, types::BOOTSTRAP_SUCCEEDED)
         && hs.observed_machine_uid.as_deref() == Some(n.uid.as_str());
     if !bootstrapped {
-        marker.mark_false(
-            &mut status.conditions,
-            types::READY,
-            reasons::WAITING_FOR_BOOTSTRAP,
-            &format!("waiting for ByoHost {host_name} to report BootstrapSucceeded"),
-        );
+        // A failed bootstrap says so on the ByoMachine too (what a MachineHealthCheck's user
+        // reads); the host keeps its claim until the Machine is deleted.
+        let (reason, message) = if bootstrap_failures::claim_failed(&host, &n.uid) {
+            let why = hs
+                .conditions
+                .iter()
+                .find(|c| c.type_ == types::BOOTSTRAP_SUCCEEDED);
+            (
+                why.map_or(reasons::BOOTSTRAP_FAILED, |c| c.reason.as_str()),
+                format!(
+                    "ByoHost {host_name} reports its bootstrap failed: {}",
+                    why.map_or("", |c| c.message.as_str())
+                ),
+            )
+        } else {
+            (
+                reasons::WAITING_FOR_BOOTSTRAP,
+                format!("waiting for ByoHost {host_name} to report BootstrapSucceeded"),
+            )
+        };
+        marker.mark_false(&mut status.conditions, types::READY, reason, &message);
         apply_status(api, bm, &status).await?;
         return Ok(Action::await_change());
+    }
+    if bootstrap_failures::recorded(&host).is_some() {
+        // Bootstrapped: the failures before no longer hold the host back.
+        let hosts: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &n.ns);
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {labels::BOOTSTRAP_FAILURES: null}}});
+        hosts
+            .patch(&host_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube(format!(
+                "removing the bootstrap failures of ByoHost {}/{host_name}",
+                n.ns
+            )))?;
     }
     let provider_id = host
         .spec

@@ -3,6 +3,8 @@
 
 use super::claim::find_claimed_host;
 use super::{MachineRef, now, owner_machine_ref};
+use crate::bootstrap_failures;
+use crate::capi;
 use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
 use crate::selection;
@@ -17,14 +19,16 @@ use std::time::Duration;
 
 /// Drops the claim of `machine_uid` from `host` (and its labels and release annotation),
 /// optionally marking the host `needsCleanup` with `reason`, and records `previous` (the
-/// claim's CAPI Machine) as `spec.previousMachineRef`. Retries on conflict; a host that is
-/// gone or no longer claimed by `machine_uid` counts as released.
+/// claim's CAPI Machine) as `spec.previousMachineRef`, and the claim's failed bootstrap if the
+/// host reports one or `timed_out` says its Node never appeared ([`note_failure`]). Retries on conflict; a host that is gone or no longer
+/// claimed by `machine_uid` counts as released.
 pub(super) async fn drop_claim(
     api: &Api<ByoHost>,
     host: ByoHost,
     machine_uid: &str,
     reason: Option<&str>,
     previous: Option<&MachineReference>,
+    timed_out: bool,
 ) -> Result<(), Error> {
     let name = host.name_any();
     let mut host = host;
@@ -32,6 +36,7 @@ pub(super) async fn drop_claim(
         if host.claimed_by() != Some(machine_uid) {
             return Ok(());
         }
+        note_failure(&mut host, machine_uid, previous, timed_out);
         host.spec.claim = None;
         if previous.is_some() {
             host.spec.previous_machine_ref = previous.cloned();
@@ -68,6 +73,27 @@ pub(super) async fn drop_claim(
     )))
 }
 
+/// Records on `host` that its claim by ByoMachine `machine_uid` (of CAPI Machine `previous`)
+/// failed to bootstrap, if the host reports so or `timed_out` (a MachineHealthCheck's
+/// `NodeStartupTimeout` on the Machine) and it is not recorded yet
+/// ([`bootstrap_failures::note`]); the caller writes the host.
+fn note_failure(
+    host: &mut ByoHost,
+    machine_uid: &str,
+    previous: Option<&MachineReference>,
+    timed_out: bool,
+) {
+    let machine = previous.map_or("", |m| m.name.as_str());
+    if let Some(r) = bootstrap_failures::note(host, machine_uid, machine, timed_out, now()) {
+        tracing::warn!(
+            host = %host.name_any(),
+            machine,
+            failures = r.count,
+            "the host's bootstrap failed; it is held back from new claims until its back-off passes"
+        );
+    }
+}
+
 /// Release step of a deleted ByoMachine. `Ok(None)`: released (or nothing to release);
 /// `Ok(Some(action))`: waiting for the agent.
 pub(super) async fn release(
@@ -78,6 +104,11 @@ pub(super) async fn release(
 ) -> Result<Option<Action>, Error> {
     let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &n.ns);
     let previous = owner_machine_ref(bm);
+    // A MachineHealthCheck remediating the Machine because its Node never appeared.
+    let timed_out = previous
+        .as_ref()
+        .and_then(|m| super::cached_machine(ctx, &n.ns, m))
+        .is_some_and(|m| capi::node_startup_timed_out(&m));
     // The host: by status.hostRef, else any cached host claimed for this UID; read fresh.
     let candidate = match &status.host_ref {
         Some(r) => Some(r.name.clone()),
@@ -101,6 +132,7 @@ pub(super) async fn release(
                     &n.uid,
                     Some(reasons::FORCED_RELEASE),
                     previous.as_ref(),
+                    timed_out,
                 )
                 .await?;
             }
@@ -118,7 +150,7 @@ pub(super) async fn release(
         .and_then(|s| s.cleaned_machine_uid.as_deref())
         == Some(n.uid.as_str());
     if cleaned {
-        drop_claim(&api, host, &n.uid, None, previous.as_ref()).await?;
+        drop_claim(&api, host, &n.uid, None, previous.as_ref(), timed_out).await?;
         tracing::info!(byomachine = %n.name, host = %host_name, "host cleaned by the agent; claim dropped");
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
@@ -144,7 +176,15 @@ pub(super) async fn release(
     };
     if let Some(reason) = reason {
         tracing::info!(byomachine = %n.name, host = %host_name, reason, "dropping the claim without a confirmed clean-up; host marked needsCleanup");
-        drop_claim(&api, host, &n.uid, Some(reason), previous.as_ref()).await?;
+        drop_claim(
+            &api,
+            host,
+            &n.uid,
+            Some(reason),
+            previous.as_ref(),
+            timed_out,
+        )
+        .await?;
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
     }
@@ -155,6 +195,8 @@ pub(super) async fn release(
         .is_some_and(|c| c.release_requested);
     if !claim_requested || requested_at.is_none() {
         let mut host = host;
+        // Before the agent's clean-up replaces the phase `Failed` it reports now.
+        note_failure(&mut host, &n.uid, previous.as_ref(), timed_out);
         if let Some(c) = host.spec.claim.as_mut() {
             c.release_requested = true;
         }

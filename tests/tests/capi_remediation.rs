@@ -1,0 +1,256 @@
+//! A real MachineHealthCheck remediates a BYOH worker whose host lost power (issue 37), with
+//! Cluster API's own managers (core, CABPK, KCP; `tests/capi/up`) on hosts that run the
+//! packaged agent, on a bed of its own (docs/e2e.md): `clusterctl generate cluster` output
+//! applied as generated (one control plane, one worker), three hosts, so one is free.
+//!
+//! Once the Cluster is Available, the MachineHealthCheck of the workers that
+//! docs/troubleshooting.md gives is applied (with 30 s instead of 300 s for the Node's `Ready`
+//! `Unknown` or `False`, and remediation whatever the count); then the worker's host is powered off with its
+//! disk kept (`tests/hosts/stop --keep-state`). Asserted, in order: Cluster API marks the
+//! Machine (`HealthCheckSucceeded=False`, reason `UnhealthyNode`) and its MachineSet replaces
+//! it: the new Machine runs on the free host, its Node Ready, the old Machine and its Node gone,
+//! the Cluster Available; the dead host's claim was dropped without its clean-up
+//! (`spec.needsCleanup`, `HostOfflineRelease`). Powered on again, the host **never starts its
+//! kubelet and never re-creates its Node** (watched every second from power-on until it is
+//! back in the pool; this boot's journal shows systemd skipping the kubelet), cleans itself
+//! and is `Available` with its file tree and units as before any claim, with no failure
+//! recorded (it did bootstrap). Deleting the Cluster releases every host clean.
+//!
+//! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
+//! journals and the objects' states; each phase's duration is printed at the end.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use anyhow::{Context as _, ensure};
+use byoh_api::labels;
+use byoh_tests::agent::wait_for;
+use byoh_tests::capi_bed::CapiBed;
+use byoh_tests::capi_cluster::{CapiCluster, endpoint_ip, skip_system_verification};
+use byoh_tests::manifests::apply_yaml;
+use byoh_tests::{doc_blocks, hosts};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use std::time::Duration;
+
+/// The namespace of the pool and the cluster.
+const POOL: &str = "byoh-pool";
+/// The cluster's name.
+const CLUSTER: &str = "remedy";
+/// This process's control-plane endpoint slot ([`endpoint_ip`]).
+const SLOT: u32 = 2;
+
+/// The page whose MachineHealthCheck the test applies, and its section.
+const PAGE: &str = "docs/troubleshooting.md";
+const SECTION: &str = "## Hosts that fail: MachineHealthChecks";
+
+/// The MachineHealthCheck of the workers as docs/troubleshooting.md gives it (its first `yaml`
+/// block of [`SECTION`]), for this cluster, the MachineDeployment `md` and with the test's
+/// shorter timeouts: the Node's `Ready` `Unknown` or `False` for 30 s instead of 300, and
+/// remediation whatever the count (one worker is 100 %).
+///
+/// Errors when the page has no such block or it changed shape (the replaced values missing).
+fn worker_health_check(md: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(byoh_tests::agent::repo_root().join(PAGE))?;
+    let (first, last) = doc_blocks::section_lines(&text, SECTION).context(SECTION)?;
+    let block = doc_blocks::fenced_blocks(PAGE, &text)?
+        .into_iter()
+        .find(|b| b.info == "yaml" && (first..=last).contains(&b.line))
+        .with_context(|| format!("no yaml block in {PAGE} {SECTION:?}"))?;
+    let mut yaml = block.text;
+    for (from, to) in [
+        ("<cluster>-md-0", md),
+        ("<cluster>", CLUSTER),
+        ("<namespace>", POOL),
+        ("timeoutSeconds: 300", "timeoutSeconds: 30"),
+        (
+            "unhealthyLessThanOrEqualTo: 40%",
+            "unhealthyLessThanOrEqualTo: 100%",
+        ),
+    ] {
+        ensure!(
+            yaml.contains(from),
+            "{PAGE}:{}: no {from:?} in\n{yaml}",
+            block.line
+        );
+        yaml = yaml.replace(from, to);
+    }
+    Ok(yaml)
+}
+
+/// Creates the cluster as generated and waits until it is Available with its worker; returns
+/// the hosts of the control plane and of the worker.
+async fn create(c: &CapiCluster<'_>) -> anyhow::Result<(String, String)> {
+    let bed = c.bed;
+    let endpoint = endpoint_ip(SLOT);
+    let yaml = skip_system_verification(&c.generate(None, &endpoint)?)?;
+    apply_yaml(&bed.admin, &yaml, false).await?;
+    let (_, cp_host) = c
+        .control_plane_host(&endpoint, Duration::from_secs(180))
+        .await?;
+    bed.phases.done(&format!(
+        "{CLUSTER}: applied; control-plane Machine claimed {cp_host}"
+    ));
+    let workers = c.wait_workers(1, Duration::from_secs(900)).await?;
+    c.wait_available(Duration::from_secs(300)).await?;
+    bed.phases
+        .done("control plane and worker Nodes Ready, Cluster Available");
+    Ok((cp_host, workers[0].clone()))
+}
+
+/// The worker Machine's name and whether its `HealthCheckSucceeded` condition is False with
+/// `reason`.
+async fn marked(c: &CapiCluster<'_>, reason: &str) -> anyhow::Result<Option<String>> {
+    for m in c.machines(false).await? {
+        let hit = m.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|x| {
+                x["type"] == "HealthCheckSucceeded"
+                    && x["status"] == "False"
+                    && x["reason"] == reason
+            });
+        if hit {
+            return Ok(m.metadata.name);
+        }
+    }
+    Ok(None)
+}
+
+async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
+    let c = CapiCluster::new(bed, CLUSTER);
+    let (cp_host, dead) = create(&c).await?;
+    let free = bed
+        .hosts
+        .iter()
+        .map(|h| h.name().to_string())
+        .find(|h| *h != cp_host && *h != dead)
+        .context("no free host")?;
+    let md = c.machine_deployment().await?;
+    apply_yaml(&bed.admin, &worker_health_check(&md)?, false).await?;
+    bed.phases
+        .done("the workers' MachineHealthCheck of docs/troubleshooting.md applied");
+    let (workload, _) = c.workload().await?;
+    let nodes: Api<Node> = Api::all(workload);
+
+    // The worker's host loses power.
+    let host = bed.host(&dead)?;
+    host.power_off().await?;
+    bed.phases.done(&format!("worker host {dead} powered off"));
+    let old = wait_for(
+        "the MachineHealthCheck to mark the worker (UnhealthyNode)",
+        Duration::from_secs(300),
+        || async { marked(&c, "UnhealthyNode").await },
+    )
+    .await?;
+    bed.phases.done(&format!(
+        "Machine {old} marked unhealthy by the MachineHealthCheck"
+    ));
+    let workers = c.wait_workers(1, Duration::from_secs(900)).await?;
+    ensure!(
+        workers == [free.clone()],
+        "the replacement runs on {workers:?}, not {free}"
+    );
+    let machines: Vec<String> = c
+        .machines(false)
+        .await?
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .collect();
+    ensure!(
+        !machines.contains(&old),
+        "the remediated Machine {old} is still there"
+    );
+    ensure!(
+        nodes.get_opt(&dead).await?.is_none(),
+        "the dead host's Node {dead} is still there"
+    );
+    let h = c.byohosts().get(&dead).await?;
+    let mark = h.spec.needs_cleanup.as_ref();
+    ensure!(
+        h.spec.claim.is_none() && mark.is_some_and(|m| m.reason == "HostOfflineRelease"),
+        "the dead host's claim and mark: {:?} {mark:?}",
+        h.spec.claim
+    );
+    c.wait_available(Duration::from_secs(300)).await?;
+    bed.phases.done(&format!(
+        "remediated: new Machine on {free}, Node Ready, {old} and Node {dead} gone, Cluster Available"
+    ));
+
+    // Power comes back: the kubelet stays off, no Node comes back, the host cleans itself.
+    host.power_on().await?;
+    wait_for(
+        &format!("{dead} back in the pool, and never its Node"),
+        Duration::from_secs(300),
+        || async {
+            ensure!(
+                nodes.get_opt(&dead).await?.is_none(),
+                "the returned host re-created its Node {dead}"
+            );
+            let h = c.byohosts().get(&dead).await?;
+            let back = h.spec.claim.is_none()
+                && h.spec.needs_cleanup.is_none()
+                && h.status.and_then(|s| s.phase).as_deref() == Some("Available");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(back.then_some(()))
+        },
+    )
+    .await?;
+    // This boot's journal of the kubelet: systemd skipped it (the agent's gate), never started it.
+    let journal = host
+        .run(&[
+            "journalctl",
+            "--no-pager",
+            "-b",
+            "-o",
+            "cat",
+            "-u",
+            "kubelet.service",
+        ])
+        .await?;
+    ensure!(
+        (journal.contains("unmet condition check") || journal.contains("being skipped"))
+            && !journal.contains("Started kubelet"),
+        "the returned host's kubelet at boot:\n{journal}"
+    );
+    c.wait_released_clean(&dead, Duration::from_secs(60))
+        .await?;
+    let h = c.byohosts().get(&dead).await?;
+    ensure!(
+        !h.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(labels::BOOTSTRAP_FAILURES),
+        "a host that bootstrapped is recorded as failed"
+    );
+    ensure!(
+        nodes.get_opt(&dead).await?.is_none(),
+        "the returned host's Node {dead} appeared"
+    );
+    bed.phases.done(&format!(
+        "{dead} powered on: kubelet never started, no Node, cleaned, Available as before its claim"
+    ));
+
+    // Deleted: every host back in the pool, clean.
+    c.delete_and_wait_clean().await?;
+    bed.phases
+        .done("deleted: Machines gone, every host Available and clean");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_machine_health_check_replaces_a_powered_off_worker_and_the_host_comes_back_clean() {
+    if !hosts::available() {
+        return;
+    }
+    let bed = CapiBed::start(3, POOL).await.unwrap();
+    if let Err(e) = scenario(&bed).await {
+        eprintln!("{}", bed.diagnostics(CLUSTER).await);
+        panic!("{e:#}");
+    }
+    eprintln!("{}", bed.phases.table());
+    let CapiBed { hosts, .. } = bed;
+    for h in hosts {
+        let _ = h.stop().await;
+    }
+}
