@@ -692,6 +692,24 @@ async fn faults(bed: &mut Bed) -> anyhow::Result<()> {
         .done("kill-join: agent killed during kubeadm join, host Failed");
     bed.delete_machine("kill-join").await?;
     bed.wait_host_phase(&name, "Available", 180).await?;
+    // The failed bootstrap is on the host's record, which holds it back from new claims; the
+    // operator knows why it failed (the agent was killed) and frees it as
+    // docs/troubleshooting.md says (`kubectl annotate byohost … bootstrap-failures-`).
+    let host = bed.byohosts().get(&name).await?;
+    let record = byoh_controller::bootstrap_failures::recorded(&host);
+    ensure!(
+        record.as_ref().is_some_and(|r| r.count == 1),
+        "the failed bootstrap's record: {record:?}"
+    );
+    bed.byohosts()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {byoh_api::labels::BOOTSTRAP_FAILURES: null}}}),
+            ),
+        )
+        .await?;
     let nodes: Api<Node> = Api::all(bed.admin.clone());
     let _ = nodes.delete(&name, &DeleteParams::default()).await;
     let diff = agent::snapshot_diff(&before, &agent::snapshot(bed.host(0)).await?);
