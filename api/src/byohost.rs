@@ -31,6 +31,9 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Memory(GiB)","type":"string","priority":1,"jsonPath":".metadata.labels['byoh\\.infrastructure\\.cluster\\.x-k8s\\.io/memory-gib']","description":"Memory, GiB (MemTotal, rounded)"}"#,
     printcolumn = r#"{"name":"Accelerator","type":"string","priority":1,"jsonPath":".metadata.labels['byoh\\.infrastructure\\.cluster\\.x-k8s\\.io/accelerator-vendor']","description":"Accelerator vendor"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Ready condition"}"#,
+    printcolumn = r#"{"name":"Online","type":"string","jsonPath":".status.conditions[?(@.type==\"LeaseCurrent\")].status","description":"Whether the agent renews its Lease (LeaseCurrent; False: the agent stopped or cannot reach the API server)"}"#,
+    printcolumn = r#"{"name":"Agent","type":"string","priority":1,"jsonPath":".status.agentVersion","description":"byoh-agent version"}"#,
+    printcolumn = r#"{"name":"Kubelet","type":"string","priority":1,"jsonPath":".status.hostInfo.kubeletVersion","description":"Kubernetes version of the host's kubelet"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -271,6 +274,13 @@ pub struct HostInfo {
     /// e.g. `containerd://1.6.20`; absent when containerd is not installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_runtime_version: Option<String>,
+    /// Kubernetes version of the kubelet binary on the host, as `kubelet --version` prints it
+    /// (`Kubernetes v1.36.3` gives `v1.36.3`), as the kubelet reports it in
+    /// `Node.status.nodeInfo.kubeletVersion`; absent when there is no kubelet. On a free host it
+    /// is Kubernetes the host brought along (a release removes what BYOH installed): such a host
+    /// is handed only to Machines of this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
     /// Block devices (whole disks; no partitions, loop, ram or zram devices), by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<Disk>,

@@ -140,7 +140,9 @@ pub mod types {
     pub const KUBELET_ACTIVE: &str = "KubeletActive";
     /// ByoHost: `containerd.service` is active (systemd `ActiveState`).
     pub const CONTAINERD_ACTIVE: &str = "ContainerdActive";
-    /// ByoHost: the agent's Lease is current (reported by the controller).
+    /// ByoHost: the agent's Lease is current (`renewTime + leaseDurationSeconds` is in the
+    /// future); written by the controller, `False` with reason `LeaseExpired` or `NoLease` for
+    /// a host whose agent stopped (the `Online` column of `kubectl get byohosts`).
     pub const LEASE_CURRENT: &str = "LeaseCurrent";
     /// ByoMachine: a host is claimed.
     pub const HOST_CLAIMED: &str = "HostClaimed";
@@ -177,6 +179,10 @@ pub mod reasons {
     /// (message: what names another version and the fix); no host is claimed
     /// ([`crate::installer::K8sInstallerConfigSpec::cannot_serve`]).
     pub const INSTALLER_CANNOT_SERVE_VERSION: &str = "InstallerCannotServeVersion";
+    /// ByoMachine: `Machine.spec.dataSecretName` names a Secret that the Machine's bootstrap
+    /// config (`spec.bootstrap.configRef`) does not control, so no host is claimed for it (the
+    /// host would be granted that Secret); message: the Secret and the config.
+    pub const BOOTSTRAP_DATA_NOT_OWNED: &str = "BootstrapDataNotOwned";
     /// ByoMachine: a host is claimed and bootstrapping.
     pub const WAITING_FOR_BOOTSTRAP: &str = "WaitingForBootstrap";
     /// ByoMachine: the claimed host is being reset.
@@ -188,6 +194,11 @@ pub mod reasons {
     pub const WAITING_FOR_CONTROL_PLANE_ENDPOINT: &str = "WaitingForControlPlaneEndpoint";
     /// ByoCluster: being deleted; waits for the cluster's ByoMachines to go.
     pub const DELETING: &str = "Deleting";
+    /// ByoHost (`LeaseCurrent=False`): the agent's Lease expired (message: its last renewal
+    /// and its expiry).
+    pub const LEASE_EXPIRED: &str = "LeaseExpired";
+    /// ByoHost (`LeaseCurrent=False`): the host has no Lease.
+    pub const NO_LEASE: &str = "NoLease";
     /// NeedsCleanup / release: the host's Lease expired.
     pub const HOST_OFFLINE_RELEASE: &str = "HostOfflineRelease";
     /// NeedsCleanup / release: the agent did not confirm clean-up in time.
@@ -248,11 +259,14 @@ pub mod reasons {
         WAITING_FOR_CONTROL_PLANE,
         NO_HOST_AVAILABLE,
         INSTALLER_CANNOT_SERVE_VERSION,
+        BOOTSTRAP_DATA_NOT_OWNED,
         WAITING_FOR_BOOTSTRAP,
         RELEASING,
         HOST_DELETED,
         WAITING_FOR_CONTROL_PLANE_ENDPOINT,
         DELETING,
+        LEASE_EXPIRED,
+        NO_LEASE,
         HOST_OFFLINE_RELEASE,
         RELEASE_TIMED_OUT,
         FORCED_RELEASE,

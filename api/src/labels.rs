@@ -70,9 +70,13 @@ pub const FACT_LABELS: &[&str] = &[
     HOST_CPU_CORES,
     HOST_MEMORY_GIB,
     HOST_ACCELERATOR_VENDOR,
+    HOST_K8S_VERSION,
 ];
 
-/// ByoHost: Kubernetes version pre-installed on the host (label set by the agent when known).
+/// ByoHost: Kubernetes version of the kubelet on the host (label set by the agent from
+/// `status.hostInfo.kubeletVersion`, e.g. `v1.36.3`; absent without a kubelet, or when the
+/// version is no valid label value, e.g. `v1.30.4+k3s1`). On a free host, Kubernetes the host
+/// brought along.
 pub const HOST_K8S_VERSION: &str = "byoh.infrastructure.cluster.x-k8s.io/k8s-version";
 
 /// ByoHost: name of the ByoMachine that claimed it (label set by the controller with the claim).

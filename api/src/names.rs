@@ -60,6 +60,18 @@ pub fn check_host_name(s: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `s` is a valid Kubernetes label value: empty, or at most 63 characters of
+/// `[A-Za-z0-9._-]` starting and ending with a letter or digit (apimachinery's
+/// `IsValidLabelValue`).
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
+}
+
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
@@ -102,6 +114,16 @@ mod tests {
         assert_eq!(parse_host_lease_name("no-dot"), None);
         assert_eq!(parse_host_lease_name(".host"), None);
         assert_eq!(parse_host_lease_name("pool."), None);
+    }
+
+    #[test]
+    fn label_values() {
+        for good in ["", "v1.36.3", "a", "A_b-c.9", &"a".repeat(63)] {
+            assert!(is_label_value(good), "{good:?}");
+        }
+        for bad in ["v1.30.4+k3s1", "-a", "a.", "a b", &"a".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad:?}");
+        }
     }
 
     #[test]

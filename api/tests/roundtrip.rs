@@ -93,6 +93,7 @@ fn byohost() {
             cpu_cores: Some(2),
             cgroup_version: Some("v2".into()),
             container_runtime_version: Some("containerd://1.6.20~ds1".into()),
+            kubelet_version: Some("v1.36.3".into()),
             disks: vec![byoh_api::byohost::Disk {
                 name: "vda".into(),
                 size_bytes: 21_474_836_480,

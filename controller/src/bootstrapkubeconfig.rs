@@ -30,7 +30,6 @@
 
 use byoh_api::conditions::{self, types};
 use byoh_api::{BootstrapKubeconfig, BootstrapKubeconfigStatus};
-use futures::StreamExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -465,14 +464,9 @@ pub async fn run(client: kube::Client, opts: BootstrapKubeconfigOptions) -> anyh
     };
     let ctx = Arc::new(Ctx { client });
     tracing::info!(namespace = %opts.namespace.as_deref().unwrap_or("(all)"), "starting the BootstrapKubeconfig reconciler");
-    Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "BootstrapKubeconfig reconcile");
-            }
-        })
-        .await;
+    let results =
+        Controller::new(api, watcher::Config::default()).run(reconcile, error_policy, ctx);
+    crate::cache::drain(results, "BootstrapKubeconfig").await;
     Ok(())
 }
 

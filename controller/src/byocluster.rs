@@ -70,7 +70,7 @@ pub fn controller(
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let store = controller.store();
     let machine_store = store.clone();
-    controller
+    let results = controller
         .reconcile_on(
             cluster_events
                 .filter_map(|cluster| futures::future::ready(infrastructure_of(&cluster))),
@@ -96,13 +96,8 @@ pub fn controller(
             },
         )
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "byocluster reconcile");
-            }
-            futures::future::ready(())
-        })
+        .run(reconcile, error_policy, ctx);
+    crate::cache::drain(results, "byocluster")
 }
 
 /// The cluster a ByoCluster belongs to: its `cluster.x-k8s.io/cluster-name` label, else its

@@ -139,7 +139,7 @@ pub fn controller(
     let api: Api<ByoMachineTemplate> = ctx.api();
     let controller = crate::cache::controller_for(api, ctx.watch_config());
     let store = controller.store();
-    controller
+    let results = controller
         .reconcile_on(host_events.flat_map(move |host| {
             let ns = host.namespace();
             futures::stream::iter(
@@ -152,13 +152,8 @@ pub fn controller(
             )
         }))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "byomachinetemplate reconcile");
-            }
-            futures::future::ready(())
-        })
+        .run(reconcile, error_policy, ctx);
+    crate::cache::drain(results, "byomachinetemplate")
 }
 
 async fn reconcile(template: Arc<ByoMachineTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {

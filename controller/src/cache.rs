@@ -110,6 +110,23 @@ where
     (stream, ready)
 }
 
+/// Runs `results` (a controller's reconcile results) to their end, logging each failed
+/// reconcile of `what` at debug level: the reconciler's error policy has counted and logged it
+/// already.
+pub(crate) async fn drain<T, E: std::fmt::Display>(
+    results: impl futures::Stream<Item = Result<T, E>>,
+    what: &'static str,
+) {
+    results
+        .for_each(|result| {
+            if let Err(error) = result {
+                tracing::debug!(%error, "{what} reconcile");
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
 /// A `Controller` of `api`'s kind whose own cache does without `managedFields` (as
 /// `Controller::new` otherwise).
 pub(crate) fn controller_for<K>(api: Api<K>, wc: watcher::Config) -> kube::runtime::Controller<K>

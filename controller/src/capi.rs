@@ -174,6 +174,10 @@ pub struct MachineSpec {
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineBootstrap {
+    /// `configRef`: the bootstrap config (e.g. CABPK's `KubeadmConfig`) whose provider makes
+    /// the data Secret.
+    #[serde(default)]
+    pub config_ref: Option<ContractReference>,
     /// Name of the Secret holding the bootstrap data (key `value`); absent while not ready.
     #[serde(default)]
     pub data_secret_name: Option<String>,

@@ -109,6 +109,8 @@ pub struct Context {
     pub leases_ready: CacheReady,
     /// In-process bookkeeping of claims (see [`Claims`]).
     pub claims: Mutex<Claims>,
+    /// Publishes the reconcilers' Events ([`crate::events`]).
+    pub recorder: kube::runtime::events::Recorder,
 }
 
 impl Context {

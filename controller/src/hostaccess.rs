@@ -590,14 +590,8 @@ pub async fn run_shared(
         .with_config(Config::default().concurrency(CONCURRENCY))
         .reconcile_on(role_events.filter_map(|r| futures::future::ready(owner_host(r))))
         .reconcile_on(binding_events.filter_map(|b| futures::future::ready(owner_host(b))));
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "host access reconcile");
-            }
-        })
-        .await;
+    let results = controller.run(reconcile, error_policy, ctx);
+    crate::cache::drain(results, "host access").await;
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 //! See `docs/architecture.md`.
 
 pub mod admission;
+pub mod bootstrap_data;
 pub mod bootstrap_failures;
 pub mod bootstrapkubeconfig;
 pub mod byocluster;
@@ -16,9 +17,11 @@ pub mod cli;
 pub mod context;
 pub mod csr;
 pub mod error;
+pub mod events;
 pub mod hostaccess;
 pub mod installerconfig;
 mod leader;
+pub mod liveness;
 pub mod manifests;
 pub mod metrics;
 pub mod run;

@@ -121,6 +121,16 @@ pub const COMPONENT_VARIABLES: &[(&str, &str, &str)] = &[
         "info",
         "log filter of the controller (RUST_LOG syntax)",
     ),
+    (
+        "BYOH_BOOTSTRAP_FAILURE_BACKOFF",
+        "5m",
+        "how long a host whose bootstrap failed is held back from new claims, doubled for each failure in a row",
+    ),
+    (
+        "BYOH_BOOTSTRAP_FAILURE_BACKOFF_MAX",
+        "1h",
+        "the longest such hold",
+    ),
 ];
 
 /// Cluster-template variables (`templates/cluster-template*.yaml`).
@@ -428,6 +438,8 @@ pub fn deployment() -> Deployment {
             "--namespace=${BYOH_WATCH_NAMESPACE:=\"\"}".into(),
             "--leader-elect".into(),
             format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
+            "--bootstrap-failure-backoff=${BYOH_BOOTSTRAP_FAILURE_BACKOFF:=5m}".into(),
+            "--bootstrap-failure-backoff-max=${BYOH_BOOTSTRAP_FAILURE_BACKOFF_MAX:=1h}".into(),
         ]),
         env: Some(vec![
             EnvVar {
@@ -797,6 +809,16 @@ mod tests {
             .map(|a| a.as_str().unwrap())
             .collect();
         assert!(args.contains(&"--namespace=${BYOH_WATCH_NAMESPACE:=\"\"}"));
+        // Every variable with its default, as the header lists it.
+        let text = serde_json::to_string(container).unwrap();
+        for (name, default, _) in COMPONENT_VARIABLES {
+            let default = if default.is_empty() {
+                "\\\"\\\""
+            } else {
+                default
+            };
+            assert!(text.contains(&format!("${{{name}:={default}}}")), "{name}");
+        }
         assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
         assert_eq!(
             objs.iter()

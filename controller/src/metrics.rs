@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::net::TcpListener;
 
-/// Labels naming a reconciler (`byocluster`, `byomachine`, `byomachinetemplate`).
+/// Labels naming a reconciler (`byocluster`, `byomachine`, `byomachinetemplate`, `liveness`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
     /// The reconciler.

@@ -199,6 +199,7 @@ async fn run_controllers(
         hosts_ready: hosts_ready.clone(),
         leases_ready: leases_ready.clone(),
         claims: Mutex::new(Claims::default()),
+        recorder: crate::events::recorder(client.clone(), identity.clone()),
         settings,
     });
 
@@ -219,6 +220,7 @@ async fn run_controllers(
     let byocluster_clusters = cluster_events.subscribe();
     let hostaccess_hosts = host_events.subscribe();
     let template_hosts = host_events.subscribe();
+    let (liveness_hosts, liveness_leases) = (host_events.subscribe(), lease_events.subscribe());
 
     let host_ctx = ctx.clone();
     let host_cache = host_cache
@@ -252,6 +254,12 @@ async fn run_controllers(
         crate::byomachine::controller(ctx.clone(), byomachine_triggers, shutdown.clone());
     let byomachinetemplate =
         crate::byomachinetemplate::controller(ctx.clone(), template_hosts, shutdown.clone());
+    let liveness = crate::liveness::controller(
+        ctx.clone(),
+        liveness_hosts,
+        liveness_leases,
+        shutdown.clone(),
+    );
     // The other reconcilers (their own modules; they run until dropped).
     let csr = crate::csr::run(
         client.clone(),
@@ -287,7 +295,7 @@ async fn run_controllers(
     // The controllers end on `shutdown` after finishing the reconciles in flight; the
     // caches and gauges never end on their own.
     tokio::select! {
-        () = async { tokio::join!(byocluster, byomachine, byomachinetemplate); } => {}
+        () = async { tokio::join!(byocluster, byomachine, byomachinetemplate, liveness); } => {}
         _ = host_cache => {}
         _ = lease_cache => {}
         _ = cluster_cache => {}

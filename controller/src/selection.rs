@@ -1,9 +1,10 @@
 //! Host selection: which free, live, fitting ByoHost a ByoMachine gets (pure logic).
 //!
 //! [`eligibility`] says whether one host may be handed out, and why not; [`select`] ranks the
-//! eligible ones and picks one. Ranking: hosts whose
-//! `byoh.infrastructure.cluster.x-k8s.io/k8s-version` label equals the Machine's version first,
-//! then the failure domain (label `topology.kubernetes.io/zone`) with the fewest hosts already
+//! eligible ones and picks one. A host whose kubelet (`status.hostInfo.kubeletVersion`: on a
+//! free host, Kubernetes it brought along) is of another version than the Machine's is not
+//! eligible. Ranking: hosts whose kubelet is of the Machine's version first, then the failure
+//! domain (label `topology.kubernetes.io/zone`) with the fewest hosts already
 //! claimed by the cluster (spreading), then the name. Among the best [`PICK_AMONG`] equals the
 //! pick is random, so that reconcilers racing for hosts mostly try different ones; the claim
 //! itself is made safe by the API server's optimistic concurrency, not by this choice.
@@ -39,7 +40,8 @@ pub struct Request<'a> {
     /// `ByoMachine.spec.acceleratorVendor`: an accelerator of this vendor in
     /// `status.hostInfo.accelerators`.
     pub accelerator_vendor: Option<&'a str>,
-    /// `Machine.spec.version`: hosts labelled with this Kubernetes version are preferred.
+    /// `Machine.spec.version` (e.g. `v1.36.3`): hosts whose kubelet is of another version are
+    /// refused ([`Rejection::KubernetesVersion`]), hosts whose kubelet is of this one preferred.
     pub kubernetes_version: Option<&'a str>,
     /// `Machine.spec.failureDomain`: when set, only hosts in this zone qualify.
     pub failure_domain: Option<&'a str>,
@@ -103,6 +105,10 @@ pub enum Rejection {
     MinMemory,
     /// The host reports no accelerator of `spec.acceleratorVendor`.
     AcceleratorVendor,
+    /// The host has a kubelet of another Kubernetes version than the Machine's
+    /// (`status.hostInfo.kubeletVersion`): Kubernetes the host brought along, which a claim
+    /// does not replace with another version.
+    KubernetesVersion,
     /// The host is not in the Machine's failure domain.
     FailureDomain,
     /// The host is reserved by a claim in flight from this controller.
@@ -243,8 +249,9 @@ pub fn eligibility(
 }
 
 /// Whether `host` fits what `req` asks of its kind, whatever its state: `spec.selector`, the
-/// arch and OS labels, and the facts it reports against `minCPU`, `minMemory` and
-/// `acceleratorVendor`; the first requirement it misses otherwise. A host without facts
+/// arch and OS labels, the facts it reports against `minCPU`, `minMemory` and
+/// `acceleratorVendor`, and its kubelet's version against the Machine's; the first requirement
+/// it misses otherwise. A host without facts
 /// (`status.hostInfo`) misses every facts requirement.
 ///
 /// # Errors
@@ -284,7 +291,28 @@ pub fn fits(host: &ByoHost, req: &Request<'_>) -> Result<(), Rejection> {
     {
         return Err(Rejection::AcceleratorVendor);
     }
+    if let (Some(want), Some(have)) = (req.kubernetes_version, kubelet_version(host))
+        && !same_version(want, have)
+    {
+        return Err(Rejection::KubernetesVersion);
+    }
     Ok(())
+}
+
+/// The version of the host's kubelet as its agent reports it (`status.hostInfo.kubeletVersion`).
+fn kubelet_version(host: &ByoHost) -> Option<&str> {
+    host.status
+        .as_ref()?
+        .host_info
+        .as_ref()?
+        .kubelet_version
+        .as_deref()
+}
+
+/// Whether two Kubernetes versions are the same release, written with or without the leading
+/// `v` (`v1.36.3`, `1.36.3`).
+fn same_version(a: &str, b: &str) -> bool {
+    a.strip_prefix('v').unwrap_or(a) == b.strip_prefix('v').unwrap_or(b)
 }
 
 /// The outcome of [`select`].
@@ -377,10 +405,9 @@ pub fn select<'a, R: rand::Rng + ?Sized, L: std::borrow::Borrow<Lease>>(
         }
     }
     let rank = |h: &ByoHost| {
-        let version_miss = match req.kubernetes_version {
-            Some(v) => label(h, labels::HOST_K8S_VERSION) != Some(v),
-            None => false,
-        };
+        let version_miss = req
+            .kubernetes_version
+            .is_some_and(|v| !kubelet_version(h).is_some_and(|k| same_version(k, v)));
         let domain_load = claimed_per_domain
             .get(label(h, labels::FAILURE_DOMAIN).unwrap_or_default())
             .copied()
@@ -443,6 +470,8 @@ mod tests {
         maintenance: Option<&'static str>,
         /// Reported facts: CPUs, memory bytes, accelerator vendors; `None`: no `hostInfo`.
         facts: Option<(i32, i64, &'static [&'static str])>,
+        /// `hostInfo.kubeletVersion` (with facts only).
+        kubelet: Option<&'static str>,
     }
 
     fn h(name: &'static str) -> H {
@@ -459,6 +488,7 @@ mod tests {
             previous_machine: None,
             maintenance: None,
             facts: Some((4, 16 << 30, &[])),
+            kubelet: None,
         }
     }
 
@@ -521,6 +551,7 @@ mod tests {
                                 ..Default::default()
                             })
                             .collect(),
+                        kubelet_version: self.kubelet.map(Into::into),
                         ..Default::default()
                     }
                 }),
@@ -1103,29 +1134,39 @@ mod tests {
     }
 
     #[test]
-    fn prefers_matching_kubernetes_version() {
+    fn prefers_a_kubelet_of_the_machines_version_and_refuses_another() {
         let hosts = [
             h("a"),
             H {
-                labels: vec![(labels::HOST_K8S_VERSION, "v1.36.1")],
+                kubelet: Some("v1.36.1"),
                 ..h("b")
             },
             h("c"),
         ];
         for seed in 0..20 {
-            let r = Request {
-                kubernetes_version: Some("v1.36.1"),
-                ..req()
-            };
-            assert_eq!(run(&hosts, &r, seed).0.as_deref(), Some("b"));
+            for version in ["v1.36.1", "1.36.1"] {
+                let r = Request {
+                    kubernetes_version: Some(version),
+                    ..req()
+                };
+                assert_eq!(run(&hosts, &r, seed).0.as_deref(), Some("b"));
+            }
         }
-        // Without a version match every host is as good: the pick varies with the seed.
+        // A Machine of another version: the host with Kubernetes of its own is refused, every
+        // other host is as good (the pick varies with the seed).
         let r = Request {
-            kubernetes_version: Some("v1.35.0"),
+            kubernetes_version: Some("v1.37.2"),
             ..req()
         };
         let picks: HashSet<_> = (0..50).filter_map(|s| run(&hosts, &r, s).0).collect();
-        assert_eq!(picks.len(), 3, "{picks:?}");
+        assert_eq!(picks, HashSet::from(["a".to_string(), "c".to_string()]));
+        let (host, lease) = hosts[1].build();
+        assert_eq!(
+            eligibility(&host, lease.as_ref(), &r, now()),
+            Err(Rejection::KubernetesVersion)
+        );
+        // A Machine without a version takes any host.
+        assert_eq!(eligibility(&host, lease.as_ref(), &req(), now()), Ok(()));
     }
 
     #[test]

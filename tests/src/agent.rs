@@ -649,7 +649,9 @@ pub async fn drop_claim(client: &kube::Client, namespace: &str, name: &str) -> a
 }
 
 /// Creates a bootstrap data Secret as CAPI's kubeadm bootstrap provider does (type
-/// `cluster.x-k8s.io/secret`, keys `value` and `format: cloud-config`).
+/// `cluster.x-k8s.io/secret`, keys `value` and `format: cloud-config`), owned by nothing: for
+/// claims a test writes itself (the controller hands a claim only its Machine's own data, see
+/// [`create_machine_bootstrap_data`]).
 ///
 /// Errors when the Secret cannot be created.
 pub async fn create_bootstrap_secret(
@@ -658,10 +660,62 @@ pub async fn create_bootstrap_secret(
     name: &str,
     cloud_config: &str,
 ) -> anyhow::Result<()> {
+    bootstrap_secret(client, namespace, name, cloud_config, None).await
+}
+
+/// Creates a Machine's bootstrap data as CABPK does: the `KubeadmConfig` `config` (the
+/// Machine's `spec.bootstrap.configRef`; its spec only `format: cloud-config`) and the data Secret `name`
+/// ([`create_bootstrap_secret`]'s shape) with a controller owner reference to it.
+///
+/// Errors when either cannot be created.
+pub async fn create_machine_bootstrap_data(
+    client: &kube::Client,
+    namespace: &str,
+    config: &str,
+    name: &str,
+    cloud_config: &str,
+) -> anyhow::Result<()> {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("bootstrap.cluster.x-k8s.io", "v1beta2", "KubeadmConfig"),
+        "kubeadmconfigs",
+    );
+    let configs: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &resource);
+    let made: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
+        "kind": "KubeadmConfig",
+        "metadata": {"name": config, "namespace": namespace},
+        "spec": {"format": "cloud-config"},
+    }))?;
+    // A Machine made again under the same name keeps its config, as CABPK's would be.
+    let made = match configs.create(&PostParams::default(), &made).await {
+        Err(kube::Error::Api(e)) if e.code == 409 => configs.get(config).await,
+        other => other,
+    }
+    .with_context(|| format!("creating KubeadmConfig {namespace}/{config}"))?;
+    let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "bootstrap.cluster.x-k8s.io/v1beta2".into(),
+        kind: "KubeadmConfig".into(),
+        name: config.into(),
+        uid: made.metadata.uid.context("the KubeadmConfig has no uid")?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    bootstrap_secret(client, namespace, name, cloud_config, Some(owner)).await
+}
+
+async fn bootstrap_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    cloud_config: &str,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+) -> anyhow::Result<()> {
     let s = Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
+            owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },
         type_: Some("cluster.x-k8s.io/secret".into()),
@@ -674,10 +728,17 @@ pub async fn create_bootstrap_secret(
         ),
         ..Default::default()
     };
-    Api::<Secret>::namespaced(client.clone(), namespace)
+    match Api::<Secret>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &s)
-        .await?;
-    Ok(())
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Made already for the same Machine name (a Machine made again).
+        Err(kube::Error::Api(e)) if e.code == 409 && s.metadata.owner_references.is_some() => {
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("creating Secret {namespace}/{name}")),
+    }
 }
 
 /// The host's state that a claim and its release must leave unchanged: every file under `/`

@@ -229,11 +229,24 @@ pub async fn ready_cluster(client: &Client, ns: &str, name: &str) {
     set_cluster_status(client, ns, name, true, true).await;
 }
 
+/// A Machine's bootstrap data.
+#[derive(Clone, Debug, Default)]
+pub enum BootstrapData {
+    /// None yet: `spec.bootstrap` has a configRef only.
+    #[default]
+    None,
+    /// As CABPK makes it: the Machine's `KubeadmConfig` (named as the Machine) and the Secret
+    /// `<machine>-bootstrap` it controls, named in `spec.bootstrap.dataSecretName`.
+    Cabpk,
+    /// `spec.bootstrap.dataSecretName` names this Secret, made (or not) by the test.
+    Named(String),
+}
+
 /// How to shape a Machine and its ByoMachine.
 #[derive(Clone, Default)]
 pub struct MachineOpts {
-    /// `spec.bootstrap.dataSecretName` (else a configRef only).
-    pub data_secret: Option<String>,
+    /// `spec.bootstrap`'s data.
+    pub bootstrap_data: BootstrapData,
     /// Control-plane Machine (label `cluster.x-k8s.io/control-plane`).
     pub control_plane: bool,
     /// `spec.version`.
@@ -252,7 +265,7 @@ impl MachineOpts {
     /// A worker with bootstrap data ready.
     pub fn ready() -> Self {
         Self {
-            data_secret: Some("bootstrap-data".into()),
+            bootstrap_data: BootstrapData::Cabpk,
             version: Some("v1.36.1".into()),
             ..Self::default()
         }
@@ -269,8 +282,22 @@ pub async fn create_machine(
     opts: &MachineOpts,
 ) -> ByoMachine {
     let mut bootstrap = json!({"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name}});
-    if let Some(s) = &opts.data_secret {
-        bootstrap["dataSecretName"] = s.clone().into();
+    match &opts.bootstrap_data {
+        BootstrapData::None => {}
+        BootstrapData::Cabpk => {
+            let secret = format!("{name}-bootstrap");
+            crate::agent::create_machine_bootstrap_data(
+                client,
+                ns,
+                name,
+                &secret,
+                "#cloud-config\n",
+            )
+            .await
+            .unwrap();
+            bootstrap["dataSecretName"] = secret.into();
+        }
+        BootstrapData::Named(s) => bootstrap["dataSecretName"] = s.clone().into(),
     }
     let mut labels = json!({"cluster.x-k8s.io/cluster-name": cluster});
     if opts.control_plane {
@@ -455,6 +482,59 @@ pub async fn agent_status(client: &Client, ns: &str, host: &str, status: serde_j
         .unwrap();
 }
 
+/// The Events (`events.k8s.io/v1`) of namespace `ns` about the object of `kind` named `name`,
+/// oldest first.
+pub async fn events_about(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let mut events: Vec<_> =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                })
+            })
+            .collect();
+    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    events
+}
+
+/// Waits (up to 20 s) for an Event `(type, reason)` from byoh-controller about the object of
+/// `kind` named `name` in `ns` whose note contains `part`, and returns its note.
+pub async fn controller_event(
+    client: &Client,
+    ns: &str,
+    (kind, name): (&str, &str),
+    (type_, reason): (&str, &str),
+    part: &str,
+) -> String {
+    crate::eventually(
+        &format!("a {type_} {reason} Event on {kind} {name} saying {part:?}"),
+        Duration::from_secs(20),
+        || async {
+            events_about(client, ns, kind, name)
+                .await
+                .into_iter()
+                .filter(|e| {
+                    e.type_.as_deref() == Some(type_)
+                        && e.reason.as_deref() == Some(reason)
+                        && e.reporting_controller.as_deref() == Some("byoh-controller")
+                })
+                .filter_map(|e| e.note)
+                .find(|note| note.contains(part))
+        },
+    )
+    .await
+}
+
 /// Every ByoHost of the namespace.
 pub async fn hosts(client: &Client, ns: &str) -> Vec<ByoHost> {
     Api::<ByoHost>::namespaced(client.clone(), ns)
@@ -478,6 +558,21 @@ pub fn bm_condition(bm: &ByoMachine, type_: &str) -> Option<(String, String)> {
 }
 
 pub use crate::eventually;
+
+/// Waits (up to 30 s) until ByoMachine `name` says `HostClaimed=False` with `reason`, and
+/// returns the condition's message.
+pub async fn host_claimed_false(client: &Client, ns: &str, name: &str, reason: &str) -> String {
+    crate::eventually(
+        &format!("ByoMachine {name}: HostClaimed=False, {reason}"),
+        Duration::from_secs(30),
+        || async {
+            let bm = get_bm(client, ns, name).await?;
+            let c = condition(&bm.status?.conditions, "HostClaimed")?.clone();
+            (c.status == "False" && c.reason == reason).then_some(c.message)
+        },
+    )
+    .await
+}
 
 /// The ByoMachine, or `None` once it is gone.
 pub async fn get_bm(client: &Client, ns: &str, name: &str) -> Option<ByoMachine> {

@@ -1,7 +1,8 @@
 //! System tests of issue 17 (host facts): the agent on a booted Debian 12 host reports the
 //! host's real facts on its ByoHost — compared with what the test reads from the host itself —
-//! with the labels derived from them; a change on the host appears in the status, while a
-//! refresh that finds nothing new writes nothing.
+//! with the labels derived from them; a change on the host (containerd gone and back, a kubelet
+//! installed by hand and removed) appears in the status, while a refresh that finds nothing new
+//! writes nothing.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -61,6 +62,29 @@ async fn links(host: &Host) -> Vec<String> {
     .lines()
     .map(str::to_string)
     .collect()
+}
+
+/// Waits (up to 60 s) until ByoHost `name`'s `status.hostInfo` has the field `what` that `pick`
+/// takes out of it, and returns it.
+async fn reported_fact(
+    hosts_api: &Api<ByoHost>,
+    name: &str,
+    what: &str,
+    pick: fn(byoh_api::byohost::HostInfo) -> Option<String>,
+) -> String {
+    wait_for(
+        &format!("{what} in the status"),
+        Duration::from_secs(60),
+        || async {
+            Ok(hosts_api
+                .get(name)
+                .await?
+                .status
+                .and_then(|s| pick(s.host_info?)))
+        },
+    )
+    .await
+    .unwrap()
 }
 
 /// How many times the agent logged that it reported changed facts.
@@ -277,21 +301,189 @@ async fn byohost_reports_the_hosts_real_facts_and_labels_and_writes_only_changes
     host.run(&["mv", "/usr/bin/containerd.away", "/usr/bin/containerd"])
         .await
         .unwrap();
-    let back = wait_for(
-        "containerRuntimeVersion back in the status",
+    let back = reported_fact(&hosts_api, &name, "containerRuntimeVersion", |i| {
+        i.container_runtime_version
+    })
+    .await;
+    assert_eq!(back, format!("containerd://{version}"));
+
+    // Kubernetes an operator installs by hand (the test bed's kubelet, a real build of the
+    // pinned version, where pkgs.k8s.io's package puts it): its version is reported as
+    // `kubelet --version` prints it, with the label derived from it (selection hands such a
+    // host only to Machines of that version: installer_versions.rs); removed, both go.
+    assert_eq!(info.kubelet_version, None, "the image has no kubelet");
+    let artifacts = byoh_tests::kubeadm::stage_artifacts().unwrap();
+    host.copy_in(&artifacts.join("kubelet"), "/usr/bin/kubelet", 0o755)
+        .await
+        .unwrap();
+    let printed = sh(&host, "kubelet --version").await;
+    let want = printed
+        .strip_prefix("Kubernetes ")
+        .unwrap_or_else(|| panic!("kubelet --version printed {printed:?}"))
+        .to_string();
+    let kubelet = reported_fact(&hosts_api, &name, "kubeletVersion", |i| i.kubelet_version).await;
+    assert_eq!(kubelet, want);
+    let version_label = |h: ByoHost| {
+        h.metadata
+            .labels
+            .and_then(|l| l.get(labels::HOST_K8S_VERSION).cloned())
+    };
+    assert_eq!(
+        version_label(hosts_api.get(&name).await.unwrap()),
+        Some(want.clone())
+    );
+    host.run(&["rm", "/usr/bin/kubelet"]).await.unwrap();
+    wait_for(
+        "kubeletVersion and its label gone",
         Duration::from_secs(60),
         || async {
-            Ok(hosts_api
-                .get(&name)
-                .await?
+            let h = hosts_api.get(&name).await?;
+            let in_status = h
                 .status
-                .and_then(|s| s.host_info?.container_runtime_version))
+                .as_ref()
+                .and_then(|s| s.host_info.as_ref()?.kubelet_version.clone());
+            Ok((in_status.is_none() && version_label(h).is_none()).then_some(()))
         },
     )
     .await
     .unwrap();
-    assert_eq!(back, format!("containerd://{version}"));
 
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
+}
+
+/// `(column, cell)` pairs of ByoHost `name`'s row in the server-side Table of the namespace's
+/// ByoHosts: what `kubectl get byohosts -o wide` prints (its columns are the CRD's
+/// printer columns).
+async fn table_row(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String)> {
+    use kube::Resource as _;
+    let request = http::Request::get(ByoHost::url_path(&(), Some(ns)))
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .unwrap();
+    let table: serde_json::Value = client.request(request).await.unwrap();
+    let columns: Vec<String> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let row = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["cells"][0] == name)
+        .unwrap_or_else(|| panic!("no row for {name}: {table}"));
+    columns
+        .into_iter()
+        .zip(row["cells"].as_array().unwrap())
+        .map(|(c, v)| (c, v.as_str().map_or_else(|| v.to_string(), str::to_string)))
+        .collect()
+}
+
+/// `LeaseCurrent` of ByoHost `name`: `(status, reason, message)`.
+async fn lease_current(hosts: &Api<ByoHost>, name: &str) -> Option<(String, String, String)> {
+    let host = hosts.get(name).await.ok()?;
+    let c = host
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "LeaseCurrent")?;
+    Some((c.status, c.reason, c.message))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_whose_agent_stops_shows_offline_within_its_lease_and_back_when_it_starts() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    if !hosts::available() {
+        return;
+    }
+    let ns = TestNamespace::create(&client, "agent-liveness")
+        .await
+        .unwrap();
+    let host = Host::boot("liveness").await.unwrap();
+    let name = host.name().to_string();
+    let kubeconfig = control_plane::kubeconfig_path().unwrap();
+    // A 15 s Lease (agent::register's configuration), renewed every 5 s.
+    agent::register(&client, &kubeconfig, ns.name(), &host, "")
+        .await
+        .unwrap();
+    let ctl =
+        byoh_tests::objects::Running::start(&client, ns.name(), byoh_tests::objects::settings());
+    let hosts_api: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let online = |status: &'static str| {
+        let hosts_api = hosts_api.clone();
+        let name = name.clone();
+        move || {
+            let hosts_api = hosts_api.clone();
+            let name = name.clone();
+            async move {
+                Ok::<_, anyhow::Error>(
+                    lease_current(&hosts_api, &name)
+                        .await
+                        .filter(|(s, _, _)| s == status),
+                )
+            }
+        }
+    };
+    wait_for("LeaseCurrent=True", Duration::from_secs(30), online("True"))
+        .await
+        .unwrap();
+    let row = table_row(&client, ns.name(), &name).await;
+    let cell = |row: &[(String, String)], column: &str| {
+        row.iter()
+            .find(|(c, _)| c == column)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no column {column} in {row:?}"))
+    };
+    assert_eq!(cell(&row, "Online"), "True");
+    let reported = hosts_api.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(
+        cell(&row, "Agent"),
+        reported.agent_version.unwrap_or_default()
+    );
+    assert!(!cell(&row, "Agent").is_empty());
+
+    // The agent stops (a crash, a stopped unit, a host gone dark): within the Lease's 15 s
+    // plus a margin for the watch, the ByoHost says so, with the last renewal.
+    host.run(&["systemctl", "stop", "byoh-agent"])
+        .await
+        .unwrap();
+    let stopped = std::time::Instant::now();
+    let (_, reason, message) = wait_for(
+        "LeaseCurrent=False after the agent stopped",
+        Duration::from_secs(15 + 10),
+        online("False"),
+    )
+    .await
+    .unwrap();
+    let took = stopped.elapsed();
+    assert_eq!(reason, "LeaseExpired");
+    assert!(
+        message.contains("last renewed its Lease at")
+            && message.contains("journalctl -u byoh-agent"),
+        "{message}"
+    );
+    assert_eq!(
+        cell(&table_row(&client, ns.name(), &name).await, "Online"),
+        "False"
+    );
+    eprintln!("offline shown {} s after the agent stopped", took.as_secs());
+
+    // Started again: back at its first renewal.
+    host.run(&["systemctl", "start", "byoh-agent"])
+        .await
+        .unwrap();
+    wait_for(
+        "LeaseCurrent=True after the agent started",
+        Duration::from_secs(30),
+        online("True"),
+    )
+    .await
+    .unwrap();
+
+    host.stop().await.unwrap();
+    byoh_tests::objects::finish(&client, ns, vec![ctl]).await;
 }

@@ -14,7 +14,11 @@
 //! kubelet and never re-creates its Node** (watched every second from power-on until it is
 //! back in the pool; this boot's journal shows systemd skipping the kubelet), cleans itself
 //! and is `Available` with its file tree and units as before any claim, with no failure
-//! recorded (it did bootstrap). Deleting the Cluster releases every host clean.
+//! recorded (it did bootstrap); the controller showed it offline (`LeaseCurrent=False`,
+//! `LeaseExpired`) while it was down and online again after. Then the kubelet of the
+//! replacement worker is stopped by hand (host and agent up): the MachineHealthCheck marks it,
+//! its host is released by its agent's own clean-up (no `needsCleanup`) and the replacement runs
+//! on one of the two free hosts, the other clean. Deleting the Cluster releases every host clean.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
 //! journals and the objects' states; each phase's duration is printed at the end.
@@ -117,6 +121,21 @@ async fn marked(c: &CapiCluster<'_>, reason: &str) -> anyhow::Result<Option<Stri
     Ok(None)
 }
 
+/// `(status, reason)` of ByoHost `name`'s `LeaseCurrent` condition (the controller's view of
+/// its agent's liveness), if it has one.
+async fn lease_current(
+    c: &CapiCluster<'_>,
+    name: &str,
+) -> anyhow::Result<Option<(String, String)>> {
+    let h = c.byohosts().get(name).await?;
+    Ok(h.status.and_then(|s| {
+        s.conditions
+            .into_iter()
+            .find(|x| x.type_ == "LeaseCurrent")
+            .map(|x| (x.status, x.reason))
+    }))
+}
+
 async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
     let c = CapiCluster::new(bed, CLUSTER);
     let (cp_host, dead) = create(&c).await?;
@@ -146,6 +165,20 @@ async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
     bed.phases.done(&format!(
         "Machine {old} marked unhealthy by the MachineHealthCheck"
     ));
+    // The controller shows the dead host offline (its Lease expired), whatever its agent wrote
+    // last: the `Online` column of `kubectl get byohosts`.
+    let reason = wait_for(
+        &format!("{dead} shown offline (LeaseCurrent=False)"),
+        Duration::from_secs(120),
+        || async {
+            Ok(lease_current(&c, &dead)
+                .await?
+                .filter(|(s, _)| s == "False"))
+        },
+    )
+    .await?
+    .1;
+    ensure!(reason == "LeaseExpired", "{dead} offline for {reason}");
     let workers = c.wait_workers(1, Duration::from_secs(900)).await?;
     ensure!(
         workers == [free.clone()],
@@ -227,8 +260,82 @@ async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
         nodes.get_opt(&dead).await?.is_none(),
         "the returned host's Node {dead} appeared"
     );
+    ensure!(
+        lease_current(&c, &dead)
+            .await?
+            .is_some_and(|(s, _)| s == "True"),
+        "{dead} is back but not shown online"
+    );
     bed.phases.done(&format!(
-        "{dead} powered on: kubelet never started, no Node, cleaned, Available as before its claim"
+        "{dead} powered on: kubelet never started, no Node, cleaned, Available as before its claim, online"
+    ));
+
+    // A live worker whose kubelet stops (host and agent up, the Node NotReady): remediated the
+    // same way; its agent releases the host gracefully (its own clean-up, no mark), and the
+    // replacement runs on one of the two hosts then free (the released one is as good).
+    let stopped = free;
+    let old_uid = c
+        .byohosts()
+        .get(&stopped)
+        .await?
+        .spec
+        .claim
+        .map(|claim| claim.machine_ref.uid)
+        .context("the worker's host carries no claim")?;
+    bed.host(&stopped)?
+        .run(&["systemctl", "stop", "kubelet.service"])
+        .await?;
+    bed.phases
+        .done(&format!("the kubelet of worker {stopped} stopped by hand"));
+    let old = wait_for(
+        "the MachineHealthCheck to mark the worker whose kubelet stopped (UnhealthyNode)",
+        Duration::from_secs(300),
+        || async { marked(&c, "UnhealthyNode").await },
+    )
+    .await?;
+    let workers = c.wait_workers(1, Duration::from_secs(900)).await?;
+    let now_on = workers[0].clone();
+    ensure!(
+        now_on == dead || now_on == stopped,
+        "the second replacement runs on {now_on}, neither {dead} nor {stopped}"
+    );
+    let machines: Vec<String> = c
+        .machines(false)
+        .await?
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .collect();
+    ensure!(
+        !machines.contains(&old),
+        "the remediated Machine {old} is still there"
+    );
+    let h = c.byohosts().get(&stopped).await?;
+    ensure!(
+        h.status
+            .as_ref()
+            .and_then(|s| s.cleaned_machine_uid.as_deref())
+            == Some(old_uid.as_str())
+            && h.spec.needs_cleanup.is_none()
+            && !h
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(labels::BOOTSTRAP_FAILURES),
+        "{stopped} was not released by its own clean-up of {old_uid}: {:?}",
+        h.spec.needs_cleanup
+    );
+    let idle = if now_on == dead { &stopped } else { &dead };
+    c.wait_released_clean(idle, Duration::from_secs(300))
+        .await?;
+    if now_on != stopped {
+        ensure!(
+            nodes.get_opt(&stopped).await?.is_none(),
+            "the stopped worker's Node {stopped} is still there"
+        );
+    }
+    c.wait_available(Duration::from_secs(300)).await?;
+    bed.phases.done(&format!(
+        "remediated: {old} replaced on {now_on}, {stopped} released by its agent's clean-up, {idle} clean, Cluster Available"
     ));
 
     // Deleted: every host back in the pool, clean.
@@ -239,7 +346,8 @@ async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_machine_health_check_replaces_a_powered_off_worker_and_the_host_comes_back_clean() {
+async fn a_machine_health_check_replaces_a_powered_off_worker_and_a_stopped_kubelet_and_the_hosts_come_back_clean()
+ {
     if !hosts::available() {
         return;
     }

@@ -9,7 +9,9 @@
 //! host's reason and message); its release records the failure on the ByoHost (annotation
 //! `byoh.infrastructure.cluster.x-k8s.io/bootstrap-failures`, count 1); the next ByoMachine
 //! gets no host while the back-off runs and says so (`BootstrapBackOff`, when it ends); an
-//! administrator's removal of the annotation frees the host at once. With a short back-off:
+//! administrator's removal of the annotation frees the host at once; each of these steps is an
+//! Event too (`BootstrapFailed` on the ByoHost, `NoHostAvailable` and `HostClaimed` on the
+//! ByoMachine). With a short back-off:
 //! a Machine remediated for `NodeStartupTimeout` while the host was still bootstrapping counts
 //! as a failure too (count 1 again: the reset cleared the history); the next ByoMachine gets
 //! the host once the back-off has passed, without any event of the host; a successful
@@ -173,6 +175,19 @@ async fn a_host_whose_bootstrap_failed_is_held_back_until_its_back_off_passes_or
         ),
         (1, "m1", uid1.as_str())
     );
+    // And says so where an operator looks: a Warning Event on the ByoHost.
+    let note = controller_event(
+        &client,
+        &n,
+        ("ByoHost", HOST),
+        ("Warning", "BootstrapFailed"),
+        "Machine m1",
+    )
+    .await;
+    assert!(
+        note.contains("1 in a row") && note.contains("held back from new claims until"),
+        "{note}"
+    );
     cleaned(&client, &n, &uid1).await;
 
     // The next ByoMachine waits, and says for what and until when.
@@ -192,6 +207,14 @@ async fn a_host_whose_bootstrap_failed_is_held_back_until_its_back_off_passes_or
         "{}",
         waiting.message
     );
+    controller_event(
+        &client,
+        &n,
+        ("ByoMachine", "m2"),
+        ("Warning", "NoHostAvailable"),
+        "1 BootstrapBackOff",
+    )
+    .await;
     assert!(get_host(&client, &n, HOST).await.spec.claim.is_none());
 
     // The administrator fixed the host and removes the record: m2 gets it at once.
@@ -208,6 +231,15 @@ async fn a_host_whose_bootstrap_failed_is_held_back_until_its_back_off_passes_or
         h.claimed_by().map(str::to_string)
     })
     .await;
+    let note = controller_event(
+        &client,
+        &n,
+        ("ByoMachine", "m2"),
+        ("Normal", "HostClaimed"),
+        HOST,
+    )
+    .await;
+    assert_eq!(note, format!("claimed ByoHost {HOST}"));
     ctl.stop().await;
 
     // A short back-off from here on.

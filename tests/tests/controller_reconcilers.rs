@@ -169,7 +169,7 @@ async fn happy_path_claim_provision_and_normal_release() {
     assert_eq!(claim.machine_ref.name, "m1");
     assert_eq!(claim.machine_ref.uid, uid);
     assert_eq!(claim.cluster_name, "c1");
-    assert_eq!(claim.bootstrap_secret_ref.name, "bootstrap-data");
+    assert_eq!(claim.bootstrap_secret_ref.name, "m1-bootstrap");
     assert_eq!(claim.kubernetes_version.as_deref(), Some("v1.36.1"));
     let installer = claim.installer_ref.clone().unwrap();
     assert_eq!(
@@ -445,7 +445,7 @@ async fn waits_for_cluster_infrastructure_bootstrap_data_and_control_plane() {
     create_cluster(&client, &n, "c1").await;
     create_host(&client, &n, "host-1", &HostOpts::default()).await;
     let worker = MachineOpts {
-        data_secret: None,
+        bootstrap_data: BootstrapData::None,
         ..MachineOpts::ready()
     };
     create_machine(&client, &n, "c1", "w1", &worker).await;
@@ -463,6 +463,15 @@ async fn waits_for_cluster_infrastructure_bootstrap_data_and_control_plane() {
     reason("WaitingForClusterInfrastructure").await;
     set_cluster_status(&client, &n, "c1", true, false).await;
     reason("WaitingForBootstrapData").await;
+    byoh_tests::agent::create_machine_bootstrap_data(
+        &client,
+        &n,
+        "w1",
+        "w1-data",
+        "#cloud-config\n",
+    )
+    .await
+    .unwrap();
     machines(&client, &n)
         .patch(
             "w1",

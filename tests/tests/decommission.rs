@@ -314,15 +314,22 @@ async fn force_releases_a_claimed_host_through_its_machine_then_decommissions() 
         )
         .await
         .unwrap();
-    agent::create_bootstrap_secret(&bed.admin, &ns, "m1-bootstrap", &agent::cabpk_worker_join())
-        .await
-        .unwrap();
+    agent::create_machine_bootstrap_data(
+        &bed.admin,
+        &ns,
+        "m1",
+        "m1-bootstrap",
+        &agent::cabpk_worker_join(),
+    )
+    .await
+    .unwrap();
     let machine: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
         "metadata": {"name": "m1", "namespace": ns, "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
         "spec": {
             "clusterName": "c1",
-            "bootstrap": {"dataSecretName": "m1-bootstrap"},
+            "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "m1"},
+                "dataSecretName": "m1-bootstrap"},
             "infrastructureRef": {"apiGroup": byoh_api::GROUP, "kind": "ByoMachine", "name": "m1"},
         }
     }))

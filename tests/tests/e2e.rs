@@ -189,9 +189,10 @@ impl Bed {
     ) -> anyhow::Result<()> {
         let ns = self.ns.name();
         let secret = format!("{name}-bootstrap");
-        agent::create_bootstrap_secret(
+        agent::create_machine_bootstrap_data(
             &self.admin,
             ns,
+            name,
             &secret,
             &kubeadm::cabpk_worker_join(&self.join, "pool=byoh-e2e"),
         )

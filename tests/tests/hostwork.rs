@@ -893,23 +893,10 @@ async fn tarball_install_through_a_claim_bootstraps_and_the_release_reverts_ever
 /// `(type, reason, note)` of the Events about ByoHost `name`, oldest first, checking that the
 /// agent reported each of them.
 async fn host_events(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String, String)> {
-    use k8s_openapi::api::events::v1::Event;
-    let mut events: Vec<Event> = Api::<Event>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .collect();
-    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    let events = byoh_tests::objects::events_about(client, ns, "ByoHost", name).await;
     for e in &events {
         assert_eq!(e.reporting_controller.as_deref(), Some("byoh-agent"));
         assert_eq!(e.reporting_instance.as_deref(), Some(name));
-        assert_eq!(
-            e.regarding.as_ref().and_then(|r| r.kind.as_deref()),
-            Some("ByoHost")
-        );
     }
     events
         .into_iter()

@@ -2,7 +2,10 @@
 //! Kubernetes version is refused on the ByoMachine before any host is claimed, naming the fix,
 //! and a template with `@minor@` in its repository URLs serves any version (the CRD's own
 //! validation accepts it; the agent's resolution of it is tested in `installer_packages.rs` on
-//! a booted host). The controller runs in-process (`byoh_controller::run::run`).
+//! a booted host). A host with Kubernetes of its own (the kubelet version its agent reports,
+//! `status.hostInfo.kubeletVersion`; the agent's side is tested in `agent_facts.rs` on a booted
+//! host) is handed only to Machines of that version. The controller runs in-process
+//! (`byoh_controller::run::run`).
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -185,5 +188,79 @@ async fn an_installer_that_cannot_serve_the_machines_version_is_refused_before_a
             Some(("False".into(), "InstallerCannotServeVersion".into()))
         );
     }
+    finish(&client, ns, vec![ctl]).await;
+}
+
+/// What the agent reports of a host with a kubelet `version` of its own (`None`: no kubelet).
+async fn report_kubelet(client: &kube::Client, ns: &str, host: &str, version: Option<&str>) {
+    agent_status(
+        client,
+        ns,
+        host,
+        serde_json::json!({"hostInfo": {"hostname": host, "architecture": "amd64",
+            "osName": "debian", "cpus": 4, "memoryBytes": 8_i64 << 30,
+            "kubeletVersion": version}}),
+    )
+    .await;
+}
+
+/// The ByoHost `machine` claimed, once it has one.
+async fn claimed_by(client: &kube::Client, ns: &str, machine: &str) -> String {
+    eventually(&format!("{machine} claims a host"), T, || async {
+        hosts(client, ns).await.into_iter().find_map(|h| {
+            h.spec
+                .claim
+                .as_ref()
+                .is_some_and(|c| c.machine_ref.name == machine)
+                .then(|| h.metadata.name.clone().unwrap_or_default())
+        })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_with_kubernetes_of_its_own_goes_only_to_machines_of_that_version() {
+    let Some(client) = control_plane::client().await else {
+        return;
+    };
+    let ns = TestNamespace::create(&client, "inst-preinstalled")
+        .await
+        .unwrap();
+    let n = ns.name().to_string();
+    let ctl = Running::start(&client, &n, settings());
+    ready_cluster(&client, &n, "c1").await;
+    create_host(&client, &n, "brought-v1-36", &HostOpts::default()).await;
+    report_kubelet(&client, &n, "brought-v1-36", Some("v1.36.3")).await;
+    template(
+        &client,
+        &n,
+        "any",
+        "https://pkgs.k8s.io/core:/stable:/@minor@/deb/",
+        None,
+    )
+    .await;
+
+    // A v1.37 Machine does not get the host whose own kubelet is v1.36: the reason says why.
+    machine(&client, &n, "upgraded", "v1.37.2", "any").await;
+    let message = host_claimed_false(&client, &n, "upgraded", "NoHostAvailable").await;
+    assert!(message.contains("1 KubernetesVersion"), "{message}");
+    assert_free(&client, &n, &["brought-v1-36"]).await;
+
+    // A Machine of the host's own version (written without the `v`, as some templates do) and
+    // no installer (what the host has is used) gets it.
+    let same = MachineOpts {
+        version: Some("1.36.3".into()),
+        ..MachineOpts::ready()
+    };
+    create_machine(&client, &n, "c1", "same-version", &same).await;
+    assert_eq!(
+        claimed_by(&client, &n, "same-version").await,
+        "brought-v1-36"
+    );
+    // A host without Kubernetes arrives: the v1.37 Machine, waiting, takes it (the installer
+    // installs its version there).
+    create_host(&client, &n, "bare", &HostOpts::default()).await;
+    report_kubelet(&client, &n, "bare", None).await;
+    assert_eq!(claimed_by(&client, &n, "upgraded").await, "bare");
     finish(&client, ns, vec![ctl]).await;
 }

@@ -10,7 +10,8 @@
 //! `kube-system` (nor in an unlabelled namespace) nor reach that namespace's Lease; in the
 //! host-lease namespace (`byoh-system`), where the hosts' group may write Leases, a Lease of its
 //! name that it did not create and the controller's own Lease are out of its reach, and it reads
-//! no Lease at all.
+//! no Lease at all. A Machine whose bootstrap data names a Secret its bootstrap config does not
+//! control (the cluster's CA) gets no host, so no host is granted that Secret.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -186,18 +187,27 @@ async fn a_host_reaches_only_its_own_objects() {
                 .await,
         ),
     );
-    forbidden(
-        "patch b's status",
-        refused(
-            "patch b status",
+    // RBAC lets every host write ByoHost status; the host policy refuses another's (polled: a
+    // policy is enforced a moment after it is created, and this may be the first test of a
+    // new control plane).
+    let status_refusal = eventually(
+        "the host policy to refuse b's status to host a",
+        Duration::from_secs(30),
+        || async {
             hosts
                 .patch_status(
                     "b",
                     &PatchParams::default(),
                     &Patch::Merge(json!({ "status": { "phase": "x" } })),
                 )
-                .await,
-        ),
+                .await
+                .err()
+        },
+    )
+    .await;
+    forbidden(
+        "patch b's status",
+        refused::<()>("patch b status", Err(status_refusal)),
     );
     forbidden(
         "list all ByoHosts",
@@ -1095,4 +1105,181 @@ async fn a_host_name_is_no_authority_outside_host_pools() {
         .await
         .unwrap();
     pool.cleanup(&admin).await.unwrap();
+}
+
+/// The attack of issue 43 on the real API server, the whole controller running in-process as
+/// its ServiceAccount: a user who may create Machines and ByoMachines but not read Secrets
+/// names the cluster's CA Secret as a Machine's bootstrap data, hoping a host they control is
+/// granted it. The controller claims no host for that Machine (`BootstrapDataNotOwned`, with
+/// a Warning Event), so the host is refused the Secret by the API server; the same user's
+/// Machine whose data its bootstrap config controls (as CABPK makes it) is claimed, and the
+/// host reads that Secret.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_naming_a_secret_that_is_not_its_bootstrap_data_hands_no_host_that_secret() {
+    use byoh_tests::objects::{
+        BootstrapData, HostOpts, MachineOpts, Running, controller_event, create_host,
+        create_machine, finish, get_host, host_claimed_false, ready_cluster, settings,
+    };
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    install_components(&admin).await.unwrap();
+    let ns = TestNamespace::create(&admin, "bootstrap-owned")
+        .await
+        .unwrap();
+    let n = ns.name().to_string();
+    let pp = PostParams::default();
+    // The cluster's CA Secret, shaped as KCP makes it (KCP also makes its KubeadmControlPlane
+    // its controller; no KCP runs here, and the garbage collector would delete a Secret whose
+    // owner does not exist).
+    let ca: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "c1-ca", "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
+        "type": "cluster.x-k8s.io/secret",
+        "stringData": {"tls.crt": "CERT", "tls.key": "THE CLUSTER'S CA KEY"},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), &n)
+        .create(&pp, &ca)
+        .await
+        .unwrap();
+    // Mallory may create Machines and ByoMachines in the namespace, and read them; no Secrets.
+    let role = Role {
+        metadata: kube::api::ObjectMeta {
+            name: Some("machine-author".into()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec!["cluster.x-k8s.io".into()]),
+                resources: Some(vec!["machines".into()]),
+                verbs: vec!["create".into(), "get".into(), "list".into()],
+                ..Default::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec![byoh_api::GROUP.into()]),
+                resources: Some(vec!["byomachines".into()]),
+                verbs: vec!["create".into(), "get".into(), "list".into()],
+                ..Default::default()
+            },
+        ]),
+    };
+    Api::<Role>::namespaced(admin.clone(), &n)
+        .create(&pp, &role)
+        .await
+        .unwrap();
+    let binding = RoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some("machine-author".into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "machine-author".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: "mallory".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(admin.clone(), &n)
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+    let mallory = impersonating("mallory", &["system:authenticated"])
+        .await
+        .unwrap();
+    let denied =
+        |r: Result<Secret, kube::Error>| matches!(r, Err(kube::Error::Api(ref e)) if e.code == 403);
+    assert!(
+        denied(
+            Api::<Secret>::namespaced(mallory.clone(), &n)
+                .get("c1-ca")
+                .await
+        ),
+        "mallory must not read Secrets herself"
+    );
+
+    let ctl = Running::start(&controller_client().await.unwrap(), &n, settings());
+    ready_cluster(&admin, &n, "c1").await;
+    create_host(&admin, &n, "h1", &HostOpts::default()).await;
+    // Mallory's Machine names the CA Secret as its bootstrap data.
+    let evil = MachineOpts {
+        bootstrap_data: BootstrapData::Named("c1-ca".into()),
+        ..MachineOpts::ready()
+    };
+    eventually(
+        "mallory may create Machines (RBAC in effect)",
+        Duration::from_secs(30),
+        || async {
+            (Api::<kube::api::DynamicObject>::namespaced_with(
+                mallory.clone(),
+                &n,
+                &kube::api::ApiResource::from_gvk_with_plural(
+                    &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Machine"),
+                    "machines",
+                ),
+            )
+            .list(&ListParams::default())
+            .await)
+                .ok()
+        },
+    )
+    .await;
+    create_machine(&mallory, &n, "c1", "evil", &evil).await;
+    let message = host_claimed_false(&admin, &n, "evil", "BootstrapDataNotOwned").await;
+    assert!(
+        message.contains("c1-ca") && message.contains("KubeadmConfig evil"),
+        "{message}"
+    );
+    let note = controller_event(
+        &admin,
+        &n,
+        ("ByoMachine", "evil"),
+        ("Warning", "BootstrapDataNotOwned"),
+        "c1-ca",
+    )
+    .await;
+    assert_eq!(note, message);
+    // No claim, so the host is granted nothing: the API server refuses it the CA.
+    assert!(get_host(&admin, &n, "h1").await.spec.claim.is_none());
+    let host_secrets: Api<Secret> = Api::namespaced(host_client("h1").await.unwrap(), &n);
+    assert!(denied(host_secrets.get("c1-ca").await), "h1 read the CA");
+
+    // Mallory's Machine whose data its bootstrap config controls (made by the bootstrap
+    // provider, as CABPK makes it): claimed, and the host reads that Secret, and still not
+    // the CA.
+    byoh_tests::agent::create_machine_bootstrap_data(
+        &admin,
+        &n,
+        "good",
+        "good-bootstrap",
+        "#cloud-config\n",
+    )
+    .await
+    .unwrap();
+    let good = MachineOpts {
+        bootstrap_data: BootstrapData::Named("good-bootstrap".into()),
+        ..MachineOpts::ready()
+    };
+    create_machine(&mallory, &n, "c1", "good", &good).await;
+    eventually("good claims h1", Duration::from_secs(30), || async {
+        get_host(&admin, &n, "h1")
+            .await
+            .spec
+            .claim
+            .filter(|c| c.machine_ref.name == "good")
+    })
+    .await;
+    eventually(
+        "h1 may read good's bootstrap data",
+        Duration::from_secs(30),
+        || async { host_secrets.get("good-bootstrap").await.ok() },
+    )
+    .await;
+    assert!(denied(host_secrets.get("c1-ca").await), "h1 read the CA");
+    finish(&admin, ns, vec![ctl]).await;
 }

@@ -731,7 +731,7 @@ pub fn load(main: &Path, overrides: Overrides) -> Result<Settings, ConfigError> 
     }
 }
 
-use byoh_api::names::{check_dns_label, check_dns_subdomain, check_host_name};
+use byoh_api::names::{check_dns_label, check_dns_subdomain, check_host_name, is_label_value};
 
 /// Settings of `path` with the `BYOH_*` environment, or the documented defaults when `path`
 /// does not exist (the offline subcommands work on a host without a configuration).
@@ -755,26 +755,19 @@ pub fn load_or_defaults(path: &Path) -> Result<Settings, ConfigError> {
 /// # Errors
 /// A message saying what is wrong and what is expected.
 pub fn check_label(key: &str, value: &str) -> Result<(), String> {
-    fn name_ok(s: &str, allow_empty: bool) -> bool {
-        if s.is_empty() {
-            return allow_empty;
-        }
-        s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
-    }
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
-    if prefix.is_some_and(|p| check_dns_subdomain(p).is_err()) || !name_ok(name, false) {
+    if prefix.is_some_and(|p| check_dns_subdomain(p).is_err())
+        || name.is_empty()
+        || !is_label_value(name)
+    {
         return Err(format!(
             "label key \"{key}\" is invalid; expected [prefix/]name, name at most 63 characters of letters, digits, '-', '_', '.'"
         ));
     }
-    if !name_ok(value, true) {
+    if !is_label_value(value) {
         return Err(format!(
             "label value \"{value}\" is invalid; expected at most 63 characters of letters, digits, '-', '_', '.', starting and ending with a letter or digit"
         ));

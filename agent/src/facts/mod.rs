@@ -1,8 +1,8 @@
 //! Host facts: operating system (os-release(5)), kernel and architecture (uname(2)), CPUs and
 //! memory (procfs), network interfaces (getifaddrs(3), link speeds from sysfs) and the default
 //! route (/proc/net); disks, PCI accelerators, CPU cores and the cgroup version
-//! ([`hardware`]); the container runtime's version ([`runtime`]). The labels derived from them
-//! ([`fact_labels`]).
+//! ([`hardware`]); the container runtime's and the kubelet's versions ([`runtime`]). The labels
+//! derived from them ([`fact_labels`]).
 //!
 //! Also the supported-host matrix: which OS, version and architecture the agent runs on.
 
@@ -181,6 +181,7 @@ pub fn gather(root: &Path, name: Option<&str>) -> Result<Facts, FactsError> {
         cpu_cores: hardware::cpu_cores(root),
         cgroup_version: hardware::cgroup_version(root),
         container_runtime_version: runtime::container_runtime_version(root),
+        kubelet_version: runtime::kubelet_version(root),
         disks: hardware::disks(root),
         accelerators: hardware::accelerators(root),
     };
@@ -421,7 +422,8 @@ pub fn check_supported(info: &HostInfo) -> Result<&'static SupportedOs, String> 
 /// The labels the agent derives from `info` ([`labels::FACT_LABELS`]): OS, architecture,
 /// CPU cores (physical, else the online CPUs), memory in whole GiB (rounded to nearest) and,
 /// when the host has accelerators, their vendor (the vendor with the most devices; ties in the
-/// order nvidia, amd, intel). A label that does not apply is absent, so the apply removes it.
+/// order nvidia, amd, intel); the kubelet's version when there is a kubelet and its version is
+/// a valid label value. A label that does not apply is absent, so the apply removes it.
 pub fn fact_labels(info: &HostInfo) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     out.insert(labels::HOST_OS.into(), info.os_name.clone());
@@ -442,6 +444,13 @@ pub fn fact_labels(info: &HostInfo) -> BTreeMap<String, String> {
         .filter(|(n, _)| *n > 0);
     if let Some((_, std::cmp::Reverse(v))) = vendor {
         out.insert(labels::HOST_ACCELERATOR_VENDOR.into(), v.into());
+    }
+    if let Some(v) = info
+        .kubelet_version
+        .as_ref()
+        .filter(|v| byoh_api::names::is_label_value(v))
+    {
+        out.insert(labels::HOST_K8S_VERSION.into(), v.clone());
     }
     out
 }
@@ -483,6 +492,10 @@ pub fn render_text(f: &Facts) -> String {
             h.container_runtime_version
                 .clone()
                 .unwrap_or_else(|| "none".into()),
+        ),
+        (
+            "kubelet",
+            h.kubelet_version.clone().unwrap_or_else(|| "none".into()),
         ),
         (
             "default route",
@@ -567,6 +580,7 @@ mod tests {
                 cpu_cores: Some(4),
                 cgroup_version: Some("v2".into()),
                 container_runtime_version: None,
+                kubelet_version: Some("v1.36.3".into()),
                 disks: vec![Disk {
                     name: "vda".into(),
                     size_bytes: 20 << 30,
@@ -611,7 +625,7 @@ mod tests {
         let text = render_text(&sample());
         assert_eq!(
             text,
-            "hostname        node-1\nos              Debian GNU/Linux 12 (bookworm) (debian 12)\nkernel          6.1.0\narchitecture    arm64\ncpu model       Neoverse-N1\ncpu cores       4\ncpus            4\nmemory          8.0 GiB (8589934592 bytes)\ncgroup          v2\nruntime         none\ndefault route   eth0\nnode addresses  InternalIP 10.0.0.5\n\nINTERFACE       STATE  SPEED      MAC                ADDRESSES\neth0            up     10000Mb/s  02:00:00:00:00:01  10.0.0.5/24\neth1            down   -          -                  -\n\nDISK            SIZE                                ROTATIONAL\nvda             20.0 GiB (21474836480 bytes)        no\n\nACCELERATOR     VENDOR  DEVICE          CLASS\n0000:3b:00.0    nvidia  0x10de:0x20b0   0x030200\n"
+            "hostname        node-1\nos              Debian GNU/Linux 12 (bookworm) (debian 12)\nkernel          6.1.0\narchitecture    arm64\ncpu model       Neoverse-N1\ncpu cores       4\ncpus            4\nmemory          8.0 GiB (8589934592 bytes)\ncgroup          v2\nruntime         none\nkubelet         v1.36.3\ndefault route   eth0\nnode addresses  InternalIP 10.0.0.5\n\nINTERFACE       STATE  SPEED      MAC                ADDRESSES\neth0            up     10000Mb/s  02:00:00:00:00:01  10.0.0.5/24\neth1            down   -          -                  -\n\nDISK            SIZE                                ROTATIONAL\nvda             20.0 GiB (21474836480 bytes)        no\n\nACCELERATOR     VENDOR  DEVICE          CLASS\n0000:3b:00.0    nvidia  0x10de:0x20b0   0x030200\n"
         );
         assert!(text.lines().all(|l| l == l.trim_end()), "{text}");
     }
@@ -629,7 +643,17 @@ mod tests {
             get(&l, labels::HOST_ACCELERATOR_VENDOR).as_deref(),
             Some("nvidia")
         );
+        assert_eq!(
+            get(&l, labels::HOST_K8S_VERSION).as_deref(),
+            Some("v1.36.3")
+        );
         assert!(l.keys().all(|k| labels::FACT_LABELS.contains(&k.as_str())));
+        // A kubelet version that is no label value (a distribution's `+` suffix) stays in the
+        // status only; no kubelet, no label.
+        info.kubelet_version = Some("v1.30.4+k3s1".into());
+        assert_eq!(get(&fact_labels(&info), labels::HOST_K8S_VERSION), None);
+        info.kubelet_version = None;
+        assert_eq!(get(&fact_labels(&info), labels::HOST_K8S_VERSION), None);
         // MemTotal a little under 16 GiB reads 16; no topology: the online CPUs; no
         // accelerator: no vendor label (the apply then removes it).
         info.memory_bytes = 16_700_000_000;
@@ -694,6 +718,7 @@ mod tests {
         assert_eq!(h.cpu_cores, Some(1));
         assert_eq!(h.cgroup_version.as_deref(), Some("v2"));
         assert_eq!(h.container_runtime_version, None);
+        assert_eq!(h.kubelet_version, None);
         assert_eq!(
             h.disks,
             [Disk {

@@ -1,12 +1,12 @@
-//! The container runtime's version, as the kubelet reports it in `Node.status.nodeInfo`
-//! (`containerd://<version>`).
+//! Versions of the host's container runtime and kubelet, as the kubelet reports them in
+//! `Node.status.nodeInfo` (`containerRuntimeVersion: containerd://<version>`,
+//! `kubeletVersion: v<version>`).
 //!
-//! No file on the host holds containerd's version: distribution packages record their own
-//! package version (`1.6.20~ds1-1+b1`, not the runtime's), a tarball install records nothing,
-//! and the binary carries it only as a Go linker variable. So the version comes from
-//! `containerd --version` (its first line is `containerd <module> <version> <revision>`), run
-//! only when the binary's size or modification time changed since the last run (a cache keyed
-//! by path), with a time limit, and never through a shell.
+//! No file on the host holds these versions: distribution packages record their own package
+//! version (`1.6.20~ds1-1+b1`, `1.36.3-1.1`, not the program's), a tarball install records
+//! nothing, and the binaries carry them only as Go linker variables. So each version comes from
+//! the binary's `--version`, run only when the binary's size or modification time changed since
+//! the last run (a cache keyed by path), with a time limit, and never through a shell.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +17,11 @@ use std::time::{Duration, SystemTime};
 /// then the tarball installer's.
 pub const CONTAINERD_PATHS: &[&str] = &["usr/bin/containerd", "usr/local/bin/containerd"];
 
-/// Longest wait for `containerd --version`.
+/// Where the kubelet is looked for under the root, in order: the packages' path (pkgs.k8s.io's
+/// `.deb` and `.rpm`), then the tarball installer's.
+pub const KUBELET_PATHS: &[&str] = &["usr/bin/kubelet", "usr/local/bin/kubelet"];
+
+/// Longest wait for a binary's `--version`.
 pub const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Size and modification time of a binary when it was last asked.
@@ -31,7 +35,23 @@ static CACHE: Mutex<BTreeMap<PathBuf, (Stamp, Option<String>)>> = Mutex::new(BTr
 /// `None` when there is none, or it does not answer `--version` within [`VERSION_TIMEOUT`]
 /// with a version.
 pub fn container_runtime_version(root: &Path) -> Option<String> {
-    let (path, meta) = CONTAINERD_PATHS.iter().find_map(|p| {
+    version_of_first(root, CONTAINERD_PATHS, parse_containerd_version)
+}
+
+/// `v<version>` of the first kubelet binary under `root` ([`KUBELET_PATHS`]); `None` when there
+/// is none, or it does not answer `--version` within [`VERSION_TIMEOUT`] with a version.
+pub fn kubelet_version(root: &Path) -> Option<String> {
+    version_of_first(root, KUBELET_PATHS, parse_kubelet_version)
+}
+
+/// The `parse`d `--version` of the first regular file of `paths` under `root`, from the cache
+/// while the file's [`Stamp`] is unchanged.
+fn version_of_first(
+    root: &Path,
+    paths: &[&str],
+    parse: fn(&str) -> Option<String>,
+) -> Option<String> {
+    let (path, meta) = paths.iter().find_map(|p| {
         let path = root.join(p);
         std::fs::metadata(&path)
             .ok()
@@ -47,9 +67,18 @@ pub fn container_runtime_version(root: &Path) -> Option<String> {
     {
         return answer.clone();
     }
-    let answer = run_version(&path).and_then(|out| parse_containerd_version(&out));
+    let answer = run_version(&path).and_then(|out| parse(&out));
     cache.insert(path, (stamp, answer.clone()));
     answer
+}
+
+/// Parses `kubelet --version` (`Kubernetes v1.36.3`) into `v1.36.3`, kept as printed (a
+/// distribution's suffix such as `+k3s1` too), as the kubelet reports it on its Node.
+pub fn parse_kubelet_version(output: &str) -> Option<String> {
+    let mut fields = output.lines().next()?.split_whitespace();
+    (fields.next()? == "Kubernetes").then_some(())?;
+    let version = fields.next()?;
+    version.starts_with('v').then(|| version.to_string())
 }
 
 /// Parses the first line of `containerd --version`
@@ -113,6 +142,37 @@ mod tests {
         );
         assert_eq!(parse_containerd_version("crio version 1.30\n"), None);
         assert_eq!(parse_containerd_version(""), None);
+    }
+
+    #[test]
+    fn kubelet_version_line_parsed() {
+        assert_eq!(
+            parse_kubelet_version("Kubernetes v1.36.3\n").as_deref(),
+            Some("v1.36.3")
+        );
+        assert_eq!(
+            parse_kubelet_version("Kubernetes v1.30.4+k3s1\n").as_deref(),
+            Some("v1.30.4+k3s1")
+        );
+        assert_eq!(parse_kubelet_version("Kubernetes 1.36.3\n"), None);
+        assert_eq!(parse_kubelet_version("kubelet version unknown\n"), None);
+        assert_eq!(parse_kubelet_version(""), None);
+    }
+
+    #[test]
+    fn kubelet_of_the_packages_path_wins_over_the_tarball_path() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(kubelet_version(root.path()), None);
+        for (path, version) in [
+            ("usr/local/bin/kubelet", "v1.35.1"),
+            ("usr/bin/kubelet", "v1.36.3"),
+        ] {
+            let bin = root.path().join(path);
+            std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+            std::fs::write(&bin, format!("#!/bin/sh\necho 'Kubernetes {version}'\n")).unwrap();
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+            assert_eq!(kubelet_version(root.path()).as_deref(), Some(version));
+        }
     }
 
     #[test]

@@ -231,7 +231,7 @@ async fn resolve_double_claim(
     let keep = ours.remove(0);
     for extra in ours {
         tracing::warn!(byomachine = %n.name, host = %extra.name_any(), kept = %keep.name_any(), "a concurrent claim took a second host for one ByoMachine; releasing it");
-        drop_claim(api, extra, &n.uid, None, None, false).await?;
+        drop_claim(ctx, api, extra, &n.uid, None, None, false).await?;
     }
     ctx.claims()
         .made

@@ -7,10 +7,12 @@ use super::{
     WAIT_FOR_HOST_REQUEUE, apply_status, claim_blocker, machine_ref, mark_waiting, now,
     previous_machine_cached,
 };
+use crate::bootstrap_data::{self, Verdict};
 use crate::bootstrap_failures;
 use crate::capi::{Cluster, Machine};
 use crate::context::Context;
 use crate::error::Error;
+use crate::events;
 use crate::installerconfig::Ensured;
 use crate::selection::{self, Request};
 use byoh_api::byohost::{HostClaim, MachineReference};
@@ -21,9 +23,61 @@ use byoh_api::{ByoHost, ByoMachine, ByoMachineStatus, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Why a ByoMachine waits before its claim: the `Ready`/`HostClaimed` reason and message, and
+/// the generation observed.
+struct Waiting {
+    reason: &'static str,
+    message: String,
+    generation: Option<i64>,
+}
+
+/// Marks `status` waiting as `waiting` says, writes it, and publishes it as a Warning Event of
+/// the same reason when the ByoMachine did not say so already: one Event per new answer, not
+/// one per retry.
+///
+/// # Errors
+/// [`Error`] when the status cannot be written.
+async fn wait_and_tell(
+    ctx: &Context,
+    api: &Api<ByoMachine>,
+    bm: &ByoMachine,
+    status: &mut ByoMachineStatus,
+    waiting: Waiting,
+) -> Result<(), Error> {
+    let Waiting {
+        reason,
+        message,
+        generation,
+    } = waiting;
+    let new_answer = bm.status.as_ref().is_none_or(|s| {
+        !s.conditions
+            .iter()
+            .any(|c| c.type_ == types::HOST_CLAIMED && c.reason == reason && c.message == message)
+    });
+    mark_waiting(status, reason, &message, generation);
+    apply_status(api, bm, status).await?;
+    if new_answer {
+        events::publish(
+            &ctx.recorder,
+            bm,
+            EventType::Warning,
+            reason,
+            events::CLAIM,
+            message,
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// How soon a ByoMachine whose bootstrap data Secret is missing or not its own looks again
+/// (Secrets are not watched).
+const BOOTSTRAP_DATA_REQUEUE: Duration = Duration::from_secs(10);
 
 pub(super) async fn provision(
     ctx: &Arc<Context>,
@@ -93,6 +147,31 @@ pub(super) async fn provision(
             mark_waiting(&mut status, reason, message, generation);
             apply_status(api, bm, &status).await?;
             return Ok(Action::await_change());
+        }
+        // The claim grants its host the data Secret: only the one the Machine's bootstrap
+        // provider made for it (issue 43). Secrets are not watched: look again later.
+        match bootstrap_data::check(&ctx.client, &n.ns, machine).await? {
+            Verdict::Owned => {}
+            Verdict::Missing(message) => {
+                mark_waiting(
+                    &mut status,
+                    reasons::WAITING_FOR_BOOTSTRAP_DATA,
+                    &message,
+                    generation,
+                );
+                apply_status(api, bm, &status).await?;
+                return Ok(Action::requeue(BOOTSTRAP_DATA_REQUEUE));
+            }
+            Verdict::NotOwned(message) => {
+                tracing::warn!(byomachine = %n.name, namespace = %n.ns, "{message}");
+                let waiting = Waiting {
+                    reason: reasons::BOOTSTRAP_DATA_NOT_OWNED,
+                    message,
+                    generation,
+                };
+                wait_and_tell(ctx, api, bm, &mut status, waiting).await?;
+                return Ok(Action::requeue(BOOTSTRAP_DATA_REQUEUE));
+            }
         }
         let secret = machine
             .spec
@@ -184,16 +263,24 @@ pub(super) async fn provision(
                     .claim_duration
                     .observe(ready_since.elapsed().as_secs_f64());
                 tracing::info!(byomachine = %n.name, namespace = %n.ns, host = %h.name_any(), "claimed host");
+                events::publish(
+                    &ctx.recorder,
+                    bm,
+                    EventType::Normal,
+                    events::HOST_CLAIMED,
+                    events::CLAIM,
+                    format!("claimed ByoHost {}", h.name_any()),
+                )
+                .await;
                 host = Some(h);
             }
             Claimed::NoneEligible(why, back_off_ends) => {
-                mark_waiting(
-                    &mut status,
-                    reasons::NO_HOST_AVAILABLE,
-                    &format!("no free, live ByoHost fits: {why}"),
+                let waiting = Waiting {
+                    reason: reasons::NO_HOST_AVAILABLE,
+                    message: format!("no free, live ByoHost fits: {why}"),
                     generation,
-                );
-                apply_status(api, bm, &status).await?;
+                };
+                wait_and_tell(ctx, api, bm, &mut status, waiting).await?;
                 // A back-off ends without an event of the host: look again then.
                 let back_off = back_off_ends
                     .and_then(|t| Duration::try_from(t.duration_since(now())).ok())

@@ -3,17 +3,18 @@
 
 use super::claim::find_claimed_host;
 use super::{MachineRef, now, owner_machine_ref};
-use crate::bootstrap_failures;
+use crate::bootstrap_failures::{self, BootstrapFailures};
 use crate::capi;
 use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
-use crate::selection;
+use crate::{events, selection};
 use byoh_api::byohost::{MachineReference, NeedsCleanup};
 use byoh_api::conditions::{self, reasons, types};
 use byoh_api::{ByoHost, ByoMachine, ByoMachineStatus, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use std::time::Duration;
 /// host reports one or `timed_out` says its Node never appeared ([`note_failure`]). Retries on conflict; a host that is gone or no longer
 /// claimed by `machine_uid` counts as released.
 pub(super) async fn drop_claim(
+    ctx: &Context,
     api: &Api<ByoHost>,
     host: ByoHost,
     machine_uid: &str,
@@ -36,7 +38,7 @@ pub(super) async fn drop_claim(
         if host.claimed_by() != Some(machine_uid) {
             return Ok(());
         }
-        note_failure(&mut host, machine_uid, previous, timed_out);
+        let failure = note_failure(&mut host, machine_uid, previous, timed_out);
         host.spec.claim = None;
         if previous.is_some() {
             host.spec.previous_machine_ref = previous.cloned();
@@ -54,7 +56,12 @@ pub(super) async fn drop_claim(
             .replace(&name, &crate::context::post_params(), &host)
             .await
         {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                if let Some(record) = failure {
+                    failure_event(ctx, &host, &record).await;
+                }
+                return Ok(());
+            }
             Err(e) if is_conflict(&e) => {}
             Err(e) if is_not_found(&e) => return Ok(()),
             Err(e) => return Err(Error::kube(format!("releasing ByoHost {name}"))(e)),
@@ -76,22 +83,45 @@ pub(super) async fn drop_claim(
 /// Records on `host` that its claim by ByoMachine `machine_uid` (of CAPI Machine `previous`)
 /// failed to bootstrap, if the host reports so or `timed_out` (a MachineHealthCheck's
 /// `NodeStartupTimeout` on the Machine) and it is not recorded yet
-/// ([`bootstrap_failures::note`]); the caller writes the host.
+/// ([`bootstrap_failures::note`]); the caller writes the host, then publishes the record
+/// returned ([`failure_event`]).
 fn note_failure(
     host: &mut ByoHost,
     machine_uid: &str,
     previous: Option<&MachineReference>,
     timed_out: bool,
-) {
+) -> Option<BootstrapFailures> {
     let machine = previous.map_or("", |m| m.name.as_str());
-    if let Some(r) = bootstrap_failures::note(host, machine_uid, machine, timed_out, now()) {
-        tracing::warn!(
-            host = %host.name_any(),
-            machine,
-            failures = r.count,
-            "the host's bootstrap failed; it is held back from new claims until its back-off passes"
-        );
-    }
+    let record = bootstrap_failures::note(host, machine_uid, machine, timed_out, now())?;
+    tracing::warn!(
+        host = %host.name_any(),
+        machine,
+        failures = record.count,
+        "the host's bootstrap failed; it is held back from new claims until its back-off passes"
+    );
+    Some(record)
+}
+
+/// Publishes the Warning Event [`events::BOOTSTRAP_FAILED`] on `host` for the failure `record`
+/// just written: the Machine, how many in a row, until when the host is held back and how an
+/// administrator frees it.
+async fn failure_event(ctx: &Context, host: &ByoHost, record: &BootstrapFailures) {
+    let until = ctx.settings.bootstrap_backoff.held_until(record);
+    let name = host.name_any();
+    events::publish(
+        &ctx.recorder,
+        host,
+        EventType::Warning,
+        events::BOOTSTRAP_FAILED,
+        events::RELEASE,
+        format!(
+            "the bootstrap of Machine {} failed ({} in a row); the host is held back from new claims until {until} (once it is fixed, kubectl annotate byohost {name} {}- frees it)",
+            record.machine,
+            record.count,
+            labels::BOOTSTRAP_FAILURES
+        ),
+    )
+    .await;
 }
 
 /// Release step of a deleted ByoMachine. `Ok(None)`: released (or nothing to release);
@@ -127,6 +157,7 @@ pub(super) async fn release(
             // Maybe the claim sits on another host (a crash before the status write).
             for h in super::claim::hosts_claimed_by(ctx, n) {
                 drop_claim(
+                    ctx,
                     &api,
                     (*h).clone(),
                     &n.uid,
@@ -150,7 +181,7 @@ pub(super) async fn release(
         .and_then(|s| s.cleaned_machine_uid.as_deref())
         == Some(n.uid.as_str());
     if cleaned {
-        drop_claim(&api, host, &n.uid, None, previous.as_ref(), timed_out).await?;
+        drop_claim(ctx, &api, host, &n.uid, None, previous.as_ref(), timed_out).await?;
         tracing::info!(byomachine = %n.name, host = %host_name, "host cleaned by the agent; claim dropped");
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
@@ -177,6 +208,7 @@ pub(super) async fn release(
     if let Some(reason) = reason {
         tracing::info!(byomachine = %n.name, host = %host_name, reason, "dropping the claim without a confirmed clean-up; host marked needsCleanup");
         drop_claim(
+            ctx,
             &api,
             host,
             &n.uid,
@@ -196,7 +228,7 @@ pub(super) async fn release(
     if !claim_requested || requested_at.is_none() {
         let mut host = host;
         // Before the agent's clean-up replaces the phase `Failed` it reports now.
-        note_failure(&mut host, &n.uid, previous.as_ref(), timed_out);
+        let failure = note_failure(&mut host, &n.uid, previous.as_ref(), timed_out);
         if let Some(c) = host.spec.claim.as_mut() {
             c.release_requested = true;
         }
@@ -206,7 +238,11 @@ pub(super) async fn release(
             .replace(&host_name, &crate::context::post_params(), &host)
             .await
         {
-            Ok(_) => {}
+            Ok(_) => {
+                if let Some(record) = failure {
+                    failure_event(ctx, &host, &record).await;
+                }
+            }
             // The host changed meanwhile: its event requeues us.
             Err(e) if is_conflict(&e) => return Ok(Some(Action::requeue(Duration::from_secs(1)))),
             Err(e) => {

@@ -43,7 +43,7 @@ pub fn controller(
         (store.clone(), store.clone(), store.clone(), store);
     let (lease_ctx, machine_ctx) = (ctx.clone(), ctx.clone());
     let each = |refs: Vec<ObjectRef<ByoMachine>>| futures::stream::iter(refs);
-    controller
+    let results = controller
         .reconcile_on(triggers.machines.flat_map(move |m| {
             // The Machine's own ByoMachine; and, once a Machine is gone, every ByoMachine
             // waiting for a host if a host was held back for it (spec.previousMachineRef).
@@ -124,13 +124,8 @@ pub fn controller(
             )
         }))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "byomachine reconcile");
-            }
-            futures::future::ready(())
-        })
+        .run(reconcile, error_policy, ctx);
+    crate::cache::drain(results, "byomachine")
 }
 
 fn waiting_for_host(bm: &ByoMachine) -> bool {
