@@ -1,6 +1,7 @@
 //! System test of `byoh-agent status` and `byoh-agent doctor` (issue 10) on a booted Debian 12
 //! host registered with the real API server: a healthy host, then a broken one (Kubernetes
-//! declared pre-installed, swap on, containerd stopped; then its client certificate expires),
+//! declared pre-installed, swap on, containerd stopped, an earlier kubeadm's files left; then
+//! its client certificate expires),
 //! then repaired. Checks exit codes, that each failing check names its fix, that the running
 //! agent reports the checks as the ByoHost condition `PreflightChecksPassed` (at start and again
 //! every 60 s), and that `status` works from local files. Run with `--nocapture` to see the
@@ -207,6 +208,14 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
     host.run(&["systemctl", "stop", "containerd"])
         .await
         .unwrap();
+    // What an earlier `kubeadm join` outside BYOH left (as an operator's old node would have).
+    host.run(&[
+        "sh",
+        "-c",
+        "mkdir -p /etc/kubernetes/manifests /var/lib/etcd/member && echo old > /etc/kubernetes/kubelet.conf && echo old > /etc/kubernetes/manifests/etcd.yaml && echo old > /var/lib/etcd/member/db",
+    ])
+    .await
+    .unwrap();
     // The agent reads its configuration at start: restart it so it runs with the drop-in.
     host.run(&["systemctl", "restart", "byoh-agent"])
         .await
@@ -231,6 +240,8 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
         "fix: swapoff -a",
         "containerd:",
         "fix: systemctl enable --now containerd",
+        "kubeadm-files: /etc/kubernetes/kubelet.conf, /etc/kubernetes/manifests, /var/lib/etcd on a free host",
+        "fix: if nothing on this host still needs them: kubeadm reset --force",
     ] {
         assert!(message.contains(want), "{want:?} missing from {message}");
     }
@@ -258,6 +269,7 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
     for (check, fix) in [
         ("swap", "swapoff -a"),
         ("containerd", "systemctl enable --now containerd"),
+        ("kubeadm-files", "kubeadm reset --force"),
         ("certificate", "systemctl restart byoh-agent"),
     ] {
         let (line, fix_line) = check_lines(&out, check);
@@ -333,6 +345,15 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
     host.run(&["systemctl", "start", "containerd"])
         .await
         .unwrap();
+    host.run(&[
+        "rm",
+        "-r",
+        "/etc/kubernetes/kubelet.conf",
+        "/etc/kubernetes/manifests/etcd.yaml",
+        "/var/lib/etcd/member",
+    ])
+    .await
+    .unwrap();
     host.write_file(STATE_KUBECONFIG, good_kubeconfig.as_bytes(), 0o600)
         .await
         .unwrap();

@@ -274,6 +274,35 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
         }
     });
 
+    out.push(if i.kubeadm_leftovers.is_empty() {
+        check(
+            "kubeadm-files",
+            Severity::Pass,
+            "no kubeadm files of an earlier cluster".into(),
+            "",
+        )
+    } else if i.claimed {
+        check(
+            "kubeadm-files",
+            Severity::Pass,
+            format!(
+                "{}: this host is claimed, so they are its claim's",
+                i.kubeadm_leftovers.join(", ")
+            ),
+            "",
+        )
+    } else {
+        check(
+            "kubeadm-files",
+            Severity::Fail,
+            format!(
+                "{} on a free host: an earlier kubeadm cluster's files (kubeadm join refuses some and would reuse others)",
+                i.kubeadm_leftovers.join(", ")
+            ),
+            "if nothing on this host still needs them: kubeadm reset --force (or remove them), then byoh-agent doctor",
+        )
+    });
+
     match &i.api {
         Err(why) => {
             let fix = "give the agent a kubeconfig: [cluster] bootstrap_kubeconfig (default /etc/byoh/bootstrap-kubeconfig) or [cluster] kubeconfig";

@@ -97,6 +97,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "nothing listens on TCP 10250 (kubelet) or 6443 (API server) (`/proc/net/tcp{,6}`)",
     ),
     (
+        "kubeadm-files",
+        "no files of an earlier kubeadm cluster on a free host: its kubeconfigs and kubelet configuration (`/etc/kubernetes/*.conf`, `/var/lib/kubelet/config.yaml`), non-empty `/etc/kubernetes/manifests`, `/etc/kubernetes/pki`, `/var/lib/etcd`",
+    ),
+    (
         "clock-skew",
         "local clock against the API server's `Date` header",
     ),
@@ -207,7 +211,10 @@ pub struct Inputs {
     pub containerd: UnitProbe,
     /// Ports of [`KUBELET_PORT`], [`API_SERVER_PORT`] that something listens on.
     pub busy_ports: Vec<PortUse>,
-    /// Whether this host holds a claim (its own kubelet and API server may listen then).
+    /// What an earlier `kubeadm init`/`join` left on the host ([`kubeadm_leftovers`]).
+    pub kubeadm_leftovers: Vec<String>,
+    /// Whether this host holds a claim (its own kubelet and API server may listen then, and
+    /// its own kubeadm files exist).
     pub claimed: bool,
     /// The API probes, or why there is no API server to probe.
     pub api: Result<ApiProbe, String>,

@@ -232,6 +232,39 @@ pub fn httpdate_secs(text: &str) -> Option<i64> {
     Some(ts.timestamp().as_second())
 }
 
+/// What `kubeadm init`/`join` leaves on a host, under the root: its kubeconfigs and the
+/// kubelet's configuration (files), the static Pod manifests, certificates and etcd's data
+/// (directories, counted when not empty). A package of the kubelet creates an empty
+/// `/etc/kubernetes/manifests`, which is no leftover.
+pub const KUBEADM_FILES: &[&str] = &[
+    "etc/kubernetes/kubelet.conf",
+    "etc/kubernetes/bootstrap-kubelet.conf",
+    "etc/kubernetes/admin.conf",
+    "etc/kubernetes/super-admin.conf",
+    "etc/kubernetes/controller-manager.conf",
+    "etc/kubernetes/scheduler.conf",
+    "var/lib/kubelet/config.yaml",
+];
+
+/// The directories of [`KUBEADM_FILES`]' kind: leftovers when they hold anything.
+pub const KUBEADM_DIRS: &[&str] = &[
+    "etc/kubernetes/manifests",
+    "etc/kubernetes/pki",
+    "var/lib/etcd",
+];
+
+/// The leftovers of a kubeadm cluster on the host under `root` ([`KUBEADM_FILES`], non-empty
+/// [`KUBEADM_DIRS`]), as absolute paths, in that order.
+pub fn kubeadm_leftovers(root: &Path) -> Vec<String> {
+    let files = KUBEADM_FILES
+        .iter()
+        .filter(|f| root.join(f).symlink_metadata().is_ok());
+    let dirs = KUBEADM_DIRS.iter().filter(|d| {
+        std::fs::read_dir(root.join(d)).is_ok_and(|mut entries| entries.next().is_some())
+    });
+    files.chain(dirs).map(|p| format!("/{p}")).collect()
+}
+
 /// Gathers everything but the API probe and the containerd unit (sync, file reads).
 fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
     let os = crate::facts::gather(root, settings.host_name.as_deref())
@@ -265,6 +298,7 @@ fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
             .collect(),
         containerd: UnitProbe::Unknown("not asked".into()),
         busy_ports: busy_ports(),
+        kubeadm_leftovers: kubeadm_leftovers(root),
         claimed: state.claim.is_some() || state.cleanup.is_some(),
         api: Err("not probed".into()),
         certificate: certificate_probe(settings),

@@ -19,6 +19,7 @@ fn healthy() -> Inputs {
             sub_state: "running".into(),
         }),
         busy_ports: vec![],
+        kubeadm_leftovers: vec![],
         claimed: false,
         api: Ok(ApiProbe {
             server: "https://api.example:6443".into(),
@@ -52,7 +53,7 @@ fn a_healthy_host_passes_every_check_in_order() {
         assert!(c.fix.is_empty());
     }
     assert_eq!(worst(&checks), Severity::Pass);
-    assert_eq!(summary(&checks), "0 fail, 0 warn, 10 pass");
+    assert_eq!(summary(&checks), "0 fail, 0 warn, 11 pass");
 }
 
 /// Table: a change of the inputs → the check, its severity, and a word its fix must contain.
@@ -93,6 +94,18 @@ fn each_problem_names_its_check_severity_and_fix() {
             "os",
             Severity::Warn,
             "skip_os_check",
+        ),
+        (
+            "an earlier kubeadm's files on a free host",
+            Box::new(|i| {
+                i.kubeadm_leftovers = vec![
+                    "/etc/kubernetes/kubelet.conf".into(),
+                    "/var/lib/etcd".into(),
+                ]
+            }),
+            "kubeadm-files",
+            Severity::Fail,
+            "kubeadm reset --force",
         ),
         (
             "cgroup v1",
@@ -393,7 +406,7 @@ fn failures_message_and_table_name_each_fix() {
         "{table}"
     );
     assert!(table.contains("fix: swapoff -a"), "{table}");
-    assert!(table.ends_with("1 fail, 0 warn, 9 pass\n"), "{table}");
+    assert!(table.ends_with("1 fail, 0 warn, 10 pass\n"), "{table}");
 }
 
 #[test]
@@ -449,5 +462,39 @@ fn modules_and_sysctls_are_read_under_a_root() {
         !wrong_sysctls(root.path())
             .iter()
             .any(|(k, _)| k == "net.ipv4.ip_forward")
+    );
+}
+
+#[test]
+fn kubeadm_files_are_leftovers_on_a_free_host_only_and_empty_directories_none() {
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    assert!(kubeadm_leftovers(r).is_empty());
+    // What the kubelet package leaves: an empty manifests directory.
+    std::fs::create_dir_all(r.join("etc/kubernetes/manifests")).unwrap();
+    std::fs::create_dir_all(r.join("var/lib/etcd")).unwrap();
+    assert!(kubeadm_leftovers(r).is_empty());
+    std::fs::write(r.join("etc/kubernetes/manifests/etcd.yaml"), "x").unwrap();
+    std::fs::create_dir_all(r.join("var/lib/kubelet")).unwrap();
+    std::fs::write(r.join("var/lib/kubelet/config.yaml"), "x").unwrap();
+    std::fs::write(r.join("etc/kubernetes/admin.conf"), "x").unwrap();
+    assert_eq!(
+        kubeadm_leftovers(r),
+        [
+            "/etc/kubernetes/admin.conf",
+            "/var/lib/kubelet/config.yaml",
+            "/etc/kubernetes/manifests"
+        ]
+    );
+    let mut i = healthy();
+    i.kubeadm_leftovers = kubeadm_leftovers(r);
+    let free = evaluate(&i);
+    let c = find(&free, "kubeadm-files");
+    assert_eq!(c.severity, Severity::Fail);
+    assert!(c.message.contains("/etc/kubernetes/admin.conf"), "{c:?}");
+    i.claimed = true;
+    assert_eq!(
+        find(&evaluate(&i), "kubeadm-files").severity,
+        Severity::Pass
     );
 }
