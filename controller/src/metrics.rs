@@ -15,9 +15,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 
 /// Labels naming a reconciler (`byocluster`, `byomachine`, `byomachinetemplate`, `liveness`).
@@ -36,12 +37,18 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
-/// Labels of the host gauge: `state` is `free`, `claimed` or `needs_cleanup`.
+/// Labels of the host gauge: the pool (the ByoHosts' namespace) and the state (one of
+/// [`crate::selection::HOST_STATES`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HostLabels {
+    /// The pool: the ByoHosts' namespace.
+    pub pool: String,
     /// The host state.
     pub state: String,
 }
+
+/// Hosts per pool and state ([`Metrics::set_hosts`]).
+pub type HostCounts = BTreeMap<String, BTreeMap<&'static str, i64>>;
 
 /// The controller's metrics.
 #[derive(Debug)]
@@ -56,8 +63,12 @@ pub struct Metrics {
     pub claim_duration: Histogram,
     /// `byoh_controller_claim_conflicts_total`: claim updates refused with 409 Conflict.
     pub claim_conflicts: Counter,
-    /// `byoh_controller_hosts{state}`: ByoHosts by state, from the controller's cache.
+    /// `byoh_controller_hosts{pool,state}`: ByoHosts by pool and state, from the controller's
+    /// cache.
     pub hosts: Family<HostLabels, Gauge>,
+    /// Pools the host gauge has shown: a pool whose hosts are all gone reads 0, not its last
+    /// counts.
+    pools_shown: Mutex<BTreeSet<String>>,
 }
 
 impl Default for Metrics {
@@ -100,6 +111,7 @@ impl Metrics {
             claim_duration,
             claim_conflicts,
             hosts,
+            pools_shown: Mutex::default(),
         }
     }
 
@@ -122,18 +134,28 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the host gauges.
-    pub fn set_hosts(&self, free: i64, claimed: i64, needs_cleanup: i64) {
-        for (state, n) in [
-            ("free", free),
-            ("claimed", claimed),
-            ("needs_cleanup", needs_cleanup),
-        ] {
-            self.hosts
-                .get_or_create(&HostLabels {
-                    state: state.into(),
-                })
-                .set(n);
+    /// Sets the host gauges from `counts`: every state of [`crate::selection::HOST_STATES`] of
+    /// every pool counted now or shown before (a state or pool without hosts reads 0).
+    pub fn set_hosts(&self, counts: &HostCounts) {
+        let mut shown = self
+            .pools_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        shown.extend(counts.keys().cloned());
+        for pool in shown.iter() {
+            for state in crate::selection::HOST_STATES {
+                let n = counts
+                    .get(pool)
+                    .and_then(|c| c.get(state))
+                    .copied()
+                    .unwrap_or(0);
+                self.hosts
+                    .get_or_create(&HostLabels {
+                        pool: pool.clone(),
+                        state: (*state).into(),
+                    })
+                    .set(n);
+            }
         }
     }
 
@@ -252,13 +274,20 @@ mod tests {
         m.reconciled("byomachine");
         m.failed("byomachine", "kube");
         m.claim_duration.observe(0.02);
-        m.set_hosts(3, 2, 1);
+        let counts = |pool: &str, state: &'static str, n: i64| -> HostCounts {
+            [(pool.to_string(), [(state, n)].into())].into()
+        };
+        m.set_hosts(&counts("pool-a", "free", 3));
+        m.set_hosts(&counts("pool-b", "offline", 2));
         let text = m.encode();
         for needle in [
             "byoh_controller_reconciles_total{controller=\"byomachine\"} 1",
             "byoh_controller_reconcile_errors_total{controller=\"byomachine\",error=\"kube\"} 1",
             "byoh_controller_claim_duration_seconds_count 1",
-            "byoh_controller_hosts{state=\"free\"} 3",
+            "byoh_controller_hosts{pool=\"pool-b\",state=\"offline\"} 2",
+            "byoh_controller_hosts{pool=\"pool-b\",state=\"free\"} 0",
+            // pool-a's hosts are gone: its counts read 0, not its last ones.
+            "byoh_controller_hosts{pool=\"pool-a\",state=\"free\"} 0",
             "byoh_controller_claim_conflicts_total 0",
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");

@@ -118,6 +118,45 @@ pub enum Rejection {
     BootstrapBackOff,
 }
 
+/// The states of a ByoHost in its pool, as the gauge `byoh_controller_hosts{pool,state}`
+/// counts them ([`host_state`]): each host in exactly one.
+pub const HOST_STATES: &[&str] = &[
+    "free",
+    "claimed",
+    "needs_cleanup",
+    "deleting",
+    "maintenance",
+    "offline",
+    "failing",
+    "unavailable",
+];
+
+/// The state of `host` (with its Lease, if any) at `now` among [`HOST_STATES`]: the first
+/// reason [`eligibility`] gives for a request that asks nothing of a host's kind — `claimed`,
+/// `needs_cleanup`, `deleting`, `maintenance`, `offline` (no Lease or an expired one),
+/// `failing` (preflight checks fail, or phase `Failed`), `unavailable` (another phase than
+/// `Available`, e.g. `CleaningUp`) — else `free`. A host held back after failed bootstraps
+/// counts as free (it is in the pool, waiting).
+pub fn host_state(host: &ByoHost, lease: Option<&Lease>, now: Timestamp) -> &'static str {
+    let req = Request {
+        namespace: host.metadata.namespace.as_deref().unwrap_or_default(),
+        ..Request::default()
+    };
+    let failed = host.status.as_ref().and_then(|s| s.phase.as_deref())
+        == Some(byoh_api::conditions::phase::FAILED);
+    match eligibility(host, lease, &req, now) {
+        Ok(()) => "free",
+        Err(Rejection::Claimed) => "claimed",
+        Err(Rejection::NeedsCleanup) => "needs_cleanup",
+        Err(Rejection::Deleting) => "deleting",
+        Err(Rejection::Maintenance) => "maintenance",
+        Err(Rejection::NoLease | Rejection::LeaseExpired) => "offline",
+        Err(Rejection::PreflightFailed) => "failing",
+        Err(Rejection::NotAvailable) if failed => "failing",
+        Err(_) => "unavailable",
+    }
+}
+
 /// Whether a Lease is live at `now`: `renewTime + leaseDurationSeconds > now`.
 pub fn lease_live(lease: &Lease, now: Timestamp) -> bool {
     lease_expiry(lease).is_some_and(|t| t > now)
@@ -1167,6 +1206,80 @@ mod tests {
         );
         // A Machine without a version takes any host.
         assert_eq!(eligibility(&host, lease.as_ref(), &req(), now()), Ok(()));
+    }
+
+    #[test]
+    fn each_host_has_one_pool_state() {
+        let cases = [
+            (h("free"), "free"),
+            (
+                H {
+                    claim_cluster: Some("c1"),
+                    lease_age_secs: None,
+                    ..h("claimed-offline")
+                },
+                "claimed",
+            ),
+            (
+                H {
+                    needs_cleanup: true,
+                    ..h("dirty")
+                },
+                "needs_cleanup",
+            ),
+            (
+                H {
+                    maintenance: Some("annotation"),
+                    ..h("maint")
+                },
+                "maintenance",
+            ),
+            (
+                H {
+                    lease_age_secs: Some(3600),
+                    ..h("expired")
+                },
+                "offline",
+            ),
+            (
+                H {
+                    lease_age_secs: None,
+                    ..h("no-lease")
+                },
+                "offline",
+            ),
+            (
+                H {
+                    preflight_failed: true,
+                    ..h("preflight")
+                },
+                "failing",
+            ),
+            (
+                H {
+                    phase: Some("Failed"),
+                    ..h("failed")
+                },
+                "failing",
+            ),
+            (
+                H {
+                    phase: Some("CleaningUp"),
+                    ..h("cleaning")
+                },
+                "unavailable",
+            ),
+        ];
+        for (host, want) in cases {
+            let (built, lease) = host.build();
+            assert_eq!(
+                host_state(&built, lease.as_ref(), now()),
+                want,
+                "{}",
+                host.name
+            );
+            assert!(HOST_STATES.contains(&want));
+        }
     }
 
     #[test]

@@ -22,10 +22,10 @@ use std::time::Duration;
 
 /// A stand-in kubeadm: `join` starts the kubelet, as kubeadm's `kubelet-start` phase does.
 const FAKE_KUBEADM: &str = "#!/bin/sh\nif [ \"$1\" = join ]; then systemctl restart kubelet.service || exit 1; fi\nexit 0\n";
-/// A stand-in kubelet: each start appends a line to a file on the host's disk (under
-/// /var/log, which a power cycle keeps), then it runs until stopped.
-const FAKE_KUBELET: &str =
-    "#!/bin/sh\necho start >> /var/log/byoh-test-kubelet.starts\nexec sleep infinity\n";
+/// A stand-in kubelet: `--version` answers as a kubelet does (the agent asks it for its
+/// facts); each start appends a line to a file on the host's disk (under /var/log, which a
+/// power cycle keeps), then it runs until stopped.
+const FAKE_KUBELET: &str = "#!/bin/sh\ncase \"$1\" in --version) echo 'Kubernetes v1.36.3'; exit 0;; esac\necho start >> /var/log/byoh-test-kubelet.starts\nexec sleep infinity\n";
 /// Its unit, enabled like the packaged kubelet's (restarted by systemd like it).
 const KUBELET_UNIT: &str = "[Unit]\nDescription=stand-in kubelet\n[Service]\nExecStart=/usr/local/bin/kubelet\nRestart=always\nRestartSec=2\n[Install]\nWantedBy=multi-user.target\n";
 

@@ -37,6 +37,7 @@
 use crate::capi::{self, Cluster, Machine};
 use crate::context::{Context, FIELD_MANAGER};
 use crate::error::Error;
+use crate::selection;
 use byoh_api::byohost::MachineReference;
 use byoh_api::conditions::{self, reasons, types};
 use byoh_api::{ByoMachine, ByoMachineStatus, finalizers, labels};
@@ -170,19 +171,18 @@ pub fn error_policy(bm: Arc<ByoMachine>, error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(Duration::from_millis(500 + rand::random_range(0..1500)))
 }
 
-/// Recomputes the host gauges from the cache.
+/// Recomputes the host gauges from the caches: hosts per pool and state
+/// ([`crate::selection::host_state`]).
 pub fn update_host_gauges(ctx: &Context) {
-    let (mut free, mut claimed, mut dirty) = (0, 0, 0);
+    let t = now();
+    let mut counts = crate::metrics::HostCounts::new();
     for h in ctx.hosts.state() {
-        if h.spec.claim.is_some() {
-            claimed += 1;
-        } else if h.spec.needs_cleanup.is_some() {
-            dirty += 1;
-        } else {
-            free += 1;
-        }
+        let pool = h.namespace().unwrap_or_default();
+        let lease = ctx.host_lease(&pool, &h.name_any());
+        let state = selection::host_state(&h, lease.as_deref(), t);
+        *counts.entry(pool).or_default().entry(state).or_default() += 1;
     }
-    ctx.metrics.set_hosts(free, claimed, dirty);
+    ctx.metrics.set_hosts(&counts);
 }
 
 struct MachineRef {
