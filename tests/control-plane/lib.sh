@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
 # Shared by tests/control-plane/{build,up,down}; source it, do not run it.
-# Versions come from the pinned Go modules (see `pin`); binaries are cached per version under
+# Versions come from the pinned Go modules (see `pin`; BYOH_TEST_K8S below picks which); binaries are cached per version under
 # $BYOH_TEST_CACHE (default ~/.cache/byoh-test): k8s-vX.Y.Z/bin/ and etcd-vX.Y.Z/bin/.
 
 cp_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,8 +17,16 @@ tools() {
        in_block { print $1 } /^tool [^(]/ { print $2 }' "$cp_dir/$1/go.mod"
 }
 
-k8s_version="$(module_version kube k8s.io/kubernetes)"
-etcd_version="$(module_version etcd go.etcd.io/etcd/server/v3)"
+# Which Kubernetes a script works on (issue 36): the bed's own (kube/ and etcd/, the version
+# clusters are made at), or with BYOH_TEST_K8S=upgrade the next minor, that clusters are upgraded
+# to (kube-upgrade/ and etcd-upgrade/, pinned by `BYOH_TEST_K8S=upgrade pin VERSION`).
+case "${BYOH_TEST_K8S:-}" in
+  "") kube_mod=kube etcd_mod=etcd ;;
+  upgrade) kube_mod=kube-upgrade etcd_mod=etcd-upgrade ;;
+  *) echo "control-plane: BYOH_TEST_K8S must be empty or 'upgrade', got '$BYOH_TEST_K8S'" >&2; exit 2 ;;
+esac
+k8s_version="$(module_version "$kube_mod" k8s.io/kubernetes)"
+etcd_version="$(module_version "$etcd_mod" go.etcd.io/etcd/server/v3)"
 k8s_bin="$cache_root/k8s-$k8s_version/bin"
 etcd_bin="$cache_root/etcd-$etcd_version/bin"
 

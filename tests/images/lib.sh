@@ -14,12 +14,16 @@ images_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../control-plane/lib.sh
 source "$images_dir/../control-plane/lib.sh"
 
-# gomod_version DIR MODULE: the version of MODULE required by $images_dir/DIR/go.mod.
+# gomod_version DIR MODULE [MODFILE]: the version of MODULE required by $images_dir/DIR/go.mod
+# (or DIR/MODFILE).
 gomod_version() {
-  awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 == m ? $2 : $3); exit }' "$images_dir/$1/go.mod"
+  awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 == m ? $2 : $3); exit }' "$images_dir/$1/${3:-go.mod}"
 }
 
-coredns_version="$(gomod_version coredns github.com/coredns/coredns)"
+# CoreDNS: the version kubeadm asks for, of the bed's Kubernetes (coredns/go.mod) or of the
+# version clusters are upgraded to (coredns/go.upgrade.mod; same main.go).
+if [[ "$kube_mod" == kube ]]; then coredns_modfile=go.mod; else coredns_modfile=go.upgrade.mod; fi
+coredns_version="$(gomod_version coredns github.com/coredns/coredns "$coredns_modfile")"
 registry_version="$(gomod_version registry github.com/distribution/distribution/v3)"
 critools_version="$(gomod_version cri-tools sigs.k8s.io/cri-tools)"
 coredns_bin="$cache_root/coredns-$coredns_version-kubeadm-plugins/bin"

@@ -28,6 +28,12 @@ use std::process::Command;
 pub const KUBERNETES_VERSION: &str = "v1.36.3";
 /// The Debian version of its packages in the test repository.
 pub const PACKAGE_VERSION: &str = "1.36.3-1.1";
+/// The version clusters are upgraded to (issue 36): the next minor, built beside the bed's own
+/// (`BYOH_TEST_K8S=upgrade`, tests/control-plane/lib.sh), its images in the same registry and its
+/// packages in a repository of their own, as pkgs.k8s.io publishes one per minor.
+pub const UPGRADE_VERSION: &str = "v1.37.2";
+/// The Debian version of its packages.
+pub const UPGRADE_PACKAGE_VERSION: &str = "1.37.2-1.1";
 
 /// Runs `cmd`; its stdout, or an error with its output.
 pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
@@ -209,6 +215,12 @@ impl Registry {
     ///
     /// Errors when `tests/images/serve` fails or prints no address.
     pub fn serve() -> anyhow::Result<Registry> {
+        // The images of the version clusters are upgraded to first (its kubeadm pulls them all
+        // before a control-plane join, CoreDNS too), then those of the bed's version, whose
+        // output (the same registry) is read.
+        run(Command::new(repo_root().join("tests/images/serve"))
+            .arg("127.0.0.1")
+            .env("BYOH_TEST_K8S", "upgrade"))?;
         let out = script("tests/images/serve", &["127.0.0.1"])?;
         let vars: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
         let get = |k: &str| -> anyhow::Result<String> {
@@ -286,8 +298,8 @@ pub struct PackageMirror {
     _key: GpgKey,
 }
 
-/// A package mirror's content before it is served: the repository's files (URL path → body)
-/// and the key that signed its `InRelease`.
+/// A package mirror's content before it is served: the repositories' files (URL path → body)
+/// and the key that signed their `InRelease`.
 pub struct MirrorPackages {
     files: Vec<(String, Vec<u8>)>,
     key: GpgKey,
@@ -295,20 +307,42 @@ pub struct MirrorPackages {
 
 impl PackageMirror {
     /// The packages of the test bed's binaries (kubeadm, kubelet, kubectl, CNI plugins, …) as
-    /// the files of a flat repository, signed by a new key: what [`PackageMirror::serve`] serves.
+    /// pkgs.k8s.io lays them out: one flat repository per minor version, `/v1.36/` for
+    /// [`KUBERNETES_VERSION`] and `/v1.37/` for [`UPGRADE_VERSION`], each with its `InRelease`
+    /// signed by one new key: what [`PackageMirror::serve`] serves. A cluster's
+    /// `aptRepository` is `<base>/@minor@/` ([`PackageMirror::apt_repository`]).
     ///
     /// Errors when a package or the signature fails.
     pub fn packages() -> anyhow::Result<MirrorPackages> {
-        let artifacts = kubeadm::stage_artifacts()?;
-        let packages = apt_repo::kubernetes(
-            PACKAGE_VERSION,
-            &artifacts,
-            &artifacts.join("cni-plugins.tgz"),
-        )?;
-        let mut files = apt_repo::flat_repository(&packages)?;
         let key = GpgKey::generate("BYOH e2e mirror <mirror@byoh.invalid>")?;
-        let signed = key.clearsign(apt_repo::release_of(&files)?)?;
-        files.push(("/InRelease".into(), signed));
+        let mut files = Vec::new();
+        for (version, package_version, artifacts) in [
+            (
+                KUBERNETES_VERSION,
+                PACKAGE_VERSION,
+                kubeadm::stage_artifacts()?,
+            ),
+            (
+                UPGRADE_VERSION,
+                UPGRADE_PACKAGE_VERSION,
+                kubeadm::stage_upgrade_artifacts()?,
+            ),
+        ] {
+            let minor =
+                byoh_api::installer_version::minor_of(version).context("a Kubernetes version")?;
+            let packages = apt_repo::kubernetes(
+                package_version,
+                &artifacts,
+                &artifacts.join("cni-plugins.tgz"),
+            )?;
+            let mut repo = apt_repo::flat_repository(&packages)?;
+            let signed = key.clearsign(apt_repo::release_of(&repo)?)?;
+            repo.push(("/InRelease".into(), signed));
+            files.extend(
+                repo.into_iter()
+                    .map(|(path, body)| (format!("/{minor}{path}"), body)),
+            );
+        }
         Ok(MirrorPackages { files, key })
     }
 
@@ -317,15 +351,44 @@ impl PackageMirror {
     /// Errors when a server fails to start.
     pub async fn serve(packages: MirrorPackages, ca: &TestCa) -> anyhow::Result<PackageMirror> {
         let MirrorPackages { files, key } = packages;
+        let minors: Vec<String> = [KUBERNETES_VERSION, UPGRADE_VERSION]
+            .iter()
+            .filter_map(|v| byoh_api::installer_version::minor_of(v))
+            .collect();
         let repo = FileServer::start(files).await?;
-        let keys =
-            FileServer::start_tls(vec![("/Release.key".into(), key.armored_public_key()?)], ca)
-                .await?;
+        let public = key.armored_public_key()?;
+        let keys = FileServer::start_tls(
+            minors
+                .iter()
+                .map(|m| (format!("/{m}/Release.key"), public.clone()))
+                .collect(),
+            ca,
+        )
+        .await?;
         Ok(PackageMirror {
             repo,
             keys,
             _key: key,
         })
+    }
+
+    /// The cluster's `aptRepository` as the hosts reach it: `http://…/@minor@/`, the agent
+    /// putting the Machine's minor in place of [`byoh_api::installer_version::MINOR_PLACEHOLDER`].
+    pub fn apt_repository(&self) -> String {
+        format!(
+            "{}/{}/",
+            self.repo.base_on_network(),
+            byoh_api::installer_version::MINOR_PLACEHOLDER
+        )
+    }
+
+    /// The cluster's `keyURL` as the hosts reach it: `https://…/@minor@/Release.key`.
+    pub fn key_url(&self) -> String {
+        format!(
+            "{}/{}/Release.key",
+            self.keys.base_on_network(),
+            byoh_api::installer_version::MINOR_PLACEHOLDER
+        )
     }
 }
 

@@ -88,14 +88,8 @@ impl<'a> CapiCluster<'a> {
             .command(&args)
             .env("CONTROL_PLANE_ENDPOINT_IP", endpoint_ip)
             .env("IMAGE_REPOSITORY", &bed.registry.image_repository)
-            .env(
-                "BYOH_APT_REPOSITORY",
-                format!("{}/", bed.mirror.repo.base_on_network()),
-            )
-            .env(
-                "BYOH_APT_KEY_URL",
-                format!("{}/Release.key", bed.mirror.keys.base_on_network()),
-            )
+            .env("BYOH_APT_REPOSITORY", bed.mirror.apt_repository())
+            .env("BYOH_APT_KEY_URL", bed.mirror.key_url())
             .output()?;
         ensure!(
             out.status.success(),
@@ -220,6 +214,44 @@ impl<'a> CapiCluster<'a> {
             .filter(|n| !ready_only || node_ready(n))
             .map(|n| n.name_any())
             .collect())
+    }
+
+    /// The name of a host of the bed that no claim holds (the first by name).
+    ///
+    /// Errors when every host is claimed or the list fails.
+    pub async fn free_host(&self) -> anyhow::Result<String> {
+        let claimed = self.claimed_hosts().await?;
+        self.bed
+            .hosts
+            .iter()
+            .map(|h| h.name().to_string())
+            .find(|h| !claimed.contains(h))
+            .context("no free host in the bed")
+    }
+
+    /// Each workload Node's name and its kubelet's version (`status.nodeInfo.kubeletVersion`,
+    /// e.g. `v1.37.2`), sorted by name.
+    ///
+    /// Errors when the workload API server cannot be reached.
+    pub async fn kubelet_versions(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let (workload, _) = self.workload().await?;
+        let mut out: Vec<(String, String)> = Api::<Node>::all(workload)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|n| {
+                let version = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.kubelet_version.clone())
+                    .unwrap_or_default();
+                (n.name_any(), version)
+            })
+            .collect();
+        out.sort();
+        Ok(out)
     }
 
     /// The worker MachineDeployment's name: the cluster's one MachineDeployment (label

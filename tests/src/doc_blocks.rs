@@ -31,7 +31,10 @@ pub const TEST_CAPI: &str = "sh test-capi";
 pub const TEST_CAPI_HOST: &str = "sh test-capi-host";
 /// Stood in for by `capi_e2e.rs`.
 pub const STAND_IN_CAPI: &str = "sh stand-in-capi";
-/// Every info string `capi_e2e.rs` takes (getting_started.md only).
+/// The longest a workstation block may run ([`Workstation::run`]; coreutils `timeout`'s form):
+/// longer than any wait of the pages on the test bed.
+pub const BLOCK_TIMEOUT: &str = "20m";
+/// Every info string `capi_e2e.rs` takes (on the pages of `crate::capi_page::PAGES` only).
 pub const CAPI: [&str; 3] = [TEST_CAPI, TEST_CAPI_HOST, STAND_IN_CAPI];
 
 /// Whether a block is marked for a test (run or stood in for) by its info string.
@@ -225,15 +228,21 @@ impl Workstation {
     }
 
     /// Runs `block` with bash (`set -euo pipefail`), as in one terminal: variables a block
-    /// `export`s are seen by the later blocks. Its stdout.
+    /// `export`s are seen by the later blocks; at most [`BLOCK_TIMEOUT`] (a page's `until`
+    /// loop that never ends, or one left running by a test that failed, is stopped). Its stdout.
     ///
-    /// Errors when the block fails: its page and line, exit status, text, stdout and stderr.
+    /// Errors when the block fails or runs out of time: its page and line, exit status (124:
+    /// out of time), text, stdout and stderr.
     pub fn run(&self, block: &Block) -> anyhow::Result<String> {
         let script = format!(
             "set -euo pipefail\nset -a\n[[ -f .doc-env ]] && source ./.doc-env\nset +a\n{}\nexport -p > .doc-env\n",
             block.text
         );
-        let out = self.command("bash").arg("-c").arg(&script).output()?;
+        let out = self
+            .command("/usr/bin/timeout")
+            .args(["--kill-after=10s", BLOCK_TIMEOUT, "bash", "-c"])
+            .arg(&script)
+            .output()?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         ensure!(
             out.status.success(),

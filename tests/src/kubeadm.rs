@@ -29,8 +29,14 @@ fn script(name: &str) -> PathBuf {
 
 /// Last stdout line of `script args`, or an error with its stderr.
 fn run_script(name: &str, args: &[&Path]) -> anyhow::Result<String> {
+    run_script_with(name, args, &[])
+}
+
+/// [`run_script`] with `env` (`(NAME, VALUE)` pairs) set for the script.
+fn run_script_with(name: &str, args: &[&Path], env: &[(&str, &str)]) -> anyhow::Result<String> {
     let out = std::process::Command::new(script(name))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .with_context(|| format!("running tests/control-plane/{name}"))?;
     if !out.status.success() {
@@ -75,6 +81,19 @@ pub fn prepare_joins(kubeconfig: &Path) -> anyhow::Result<JoinInfo> {
 /// Errors when staging fails.
 pub fn stage_artifacts() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(run_script("artifacts", &[])?))
+}
+
+/// The staged artifacts of the Kubernetes version clusters are upgraded to
+/// (`BYOH_TEST_K8S=upgrade`, tests/control-plane/lib.sh; issue 36), built once and cached as
+/// [`stage_artifacts`]'.
+///
+/// Errors when staging fails.
+pub fn stage_upgrade_artifacts() -> anyhow::Result<PathBuf> {
+    Ok(PathBuf::from(run_script_with(
+        "artifacts",
+        &[],
+        &[("BYOH_TEST_K8S", "upgrade")],
+    )?))
 }
 
 /// Artifacts served over HTTP on 127.0.0.1 ([`crate::http::FileServer`]) until the test's

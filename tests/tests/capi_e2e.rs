@@ -34,12 +34,17 @@
 //! MachineDeployment scaled to 2 makes no Machine and no claim for 20 s; unpaused, the third host
 //! is claimed and its Node Ready (MachineDeployment `replicas`/`upToDate`/`available`/`ready` 2).
 //! Scale 2 -> 1: a worker Machine and its Node go, its host is released (`kubeadm reset`),
-//! `Available`, its file tree and unit list equal to its snapshot before any claim. A rollout
-//! (the bootstrap template changed to a copy): the new Machine on the free host, the old host
-//! released and clean, no Node of it left. KCP replaces the control-plane Machine
-//! (`spec.rollout.after`): the new one on the free host runs CABPK's control-plane join, the old
-//! host is released clean (its endpoint address removed by the agent), the stand-in moves the
-//! endpoint. Delete the Cluster: every Machine gone, every host
+//! `Available`, its file tree and unit list equal to its snapshot before any claim. The API
+//! server and every kubelet report v1.36.3. Then the upgrade to the next minor, v1.37.2 (issue
+//! 36), by docs/upgrades.md's blocks as written (`kubectl patch` of the versions, `kubectl wait`
+//! for them; the bed also serves v1.37.2's images and a v1.37 package repository, the template's
+//! `aptRepository` holding `@minor@`): KCP's new control-plane Machine at v1.37.2 takes the free
+//! host (one a v1.36 Machine left), whose agent installs v1.37.2 and runs CABPK's control-plane
+//! join; the old control-plane host is released clean (its endpoint address removed by the
+//! agent), the stand-in moves the endpoint; the API server answers v1.37.2. Then the
+//! MachineDeployment rolls: its new Machine takes the old control-plane host and installs
+//! v1.37.2 there, the old worker's host is released and clean, no Node of it left; every Node's
+//! kubelet reports v1.37.2, the Cluster Available. Delete the Cluster: every Machine gone, every host
 //! `Available` and clean, no ByoMachine or ByoCluster left, no host's Role granting a Secret or
 //! K8sInstallerConfig, the cluster's Secrets garbage-collected; the control-plane host's
 //! `cni0` and endpoint address removed by the agent's clean-up, without help.
@@ -47,14 +52,17 @@
 //! The second test, on a bed of its own and at the same time as the first (issue 35: the two
 //! halves of what was one 15-minute scenario): the ClusterClass flavor (`--flavor topology`,
 //! the ClusterClass added by `clusterctl generate`): created, Available with the same checks.
-//! Then `clusterctl move` of that
+//! Upgraded to v1.37.2 by docs/upgrades.md's ClusterClass blocks (`spec.topology.version`, then
+//! a `kubectl wait` for the workers), with the same checks as the first test's upgrade (the
+//! topology controller orders control plane, then workers), while the second management cluster
+//! starts. Then `clusterctl move` of that
 //! running cluster to a second management cluster ([`TargetManagement`]): nothing of the
 //! namespace left on the source, every ByoHost on the target with the same claims; the hosts
 //! follow by the page's procedure (each ByoHost allowed one enrolment, the target's bootstrap
 //! kubeconfig on every host, the agent restarted); the Cluster Available there on the same Nodes
 //! (names and UIDs), each claim re-keyed to the ByoMachine the move created; the source keeps no
 //! Lease or BootstrapKubeconfig of the pool after the page's clean-up; scaled 1 -> 2 workers
-//! there (the free host joins); deleted there the same way.
+//! there (the free host joins, at v1.37.2 as every Node); deleted there the same way.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
 //! journals and the objects' states. Each phase's duration is printed at the end.
@@ -63,10 +71,12 @@
 
 use anyhow::{Context as _, ensure};
 use byoh_tests::agent::wait_for;
-use byoh_tests::capi_bed::{CapiBed, KUBERNETES_VERSION, as_hosts_reach_it, inventory};
+use byoh_tests::capi_bed::{
+    CapiBed, KUBERNETES_VERSION, UPGRADE_VERSION, as_hosts_reach_it, inventory,
+};
 use byoh_tests::capi_cluster::{CapiCluster, condition_true, node_ready, skip_system_verification};
 use byoh_tests::capi_move::TargetManagement;
-use byoh_tests::capi_page::{PAGE, Page};
+use byoh_tests::capi_page::{PAGE, Page, UPGRADE_PAGE};
 use byoh_tests::doc_blocks;
 use byoh_tests::hosts;
 use byoh_tests::manifests::apply_yaml;
@@ -87,6 +97,11 @@ fn endpoint_ip(cluster: &str) -> String {
 /// the cluster, and moving to another management cluster.
 const CREATE_SECTION: &str = "## 8.";
 const MOVE_SECTION: &str = "## 10.";
+/// The section of [`UPGRADE_PAGE`] whose blocks the first test runs (the first heading that
+/// starts so; the ClusterClass one comes after it).
+const UPGRADE_SECTION: &str = "## The upgrade";
+/// The section of [`UPGRADE_PAGE`] whose blocks the second test runs.
+const TOPOLOGY_UPGRADE_SECTION: &str = "## The upgrade with ClusterClass";
 /// The namespace of the pool and the clusters, as in docs/getting_started.md.
 const POOL: &str = "byoh-pool";
 /// The name of the cluster, as in docs/getting_started.md.
@@ -321,90 +336,72 @@ async fn scale_down(c: &CapiCluster<'_>, workers: &[String]) -> anyhow::Result<S
     Ok(left.into_iter().next().unwrap_or_default())
 }
 
-/// A rollout: the MachineDeployment's bootstrap template changed to a copy (a template change,
-/// which Cluster API rolls out: new MachineSet, surge one, then the old Machine deleted). The new
-/// Machine takes the free host `free`; the old worker's host `old` is released, clean and
-/// `Available`; the workload cluster keeps no Node of it.
-async fn rollout(c: &CapiCluster<'_>, old: &str, free: &str) -> anyhow::Result<()> {
-    let bed = c.bed;
-    let templates = bed.api(
-        "bootstrap.cluster.x-k8s.io",
-        "v1beta2",
-        "KubeadmConfigTemplate",
-    );
-    let md = c.machine_deployment().await?;
-    let md0 = templates.get(&md).await?;
-    let copy_name = format!("{md}-rollout");
-    let copy = serde_json::json!({
-        "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
-        "kind": "KubeadmConfigTemplate",
-        "metadata": {"name": copy_name, "namespace": bed.ns.as_str()},
-        "spec": md0.data["spec"],
-    });
-    apply_yaml(&bed.admin, &serde_json::to_string(&copy)?, false).await?;
-    c.patch_machine_deployment(
-        serde_json::json!({"spec": {"template": {"spec": {"bootstrap": {
-            "configRef": {"name": copy_name}
-        }}}}}),
-    )
-    .await?;
-    wait_for(
-        "the rollout's new Machine to claim the free host and the old one to go",
-        Duration::from_secs(600),
-        || async {
-            let claimed = c.claimed_hosts().await?;
-            Ok(
-                (claimed.iter().any(|h| h == free) && !claimed.iter().any(|h| h == old))
-                    .then_some(()),
-            )
-        },
-    )
-    .await?;
-    let hosts = c.wait_workers(1, Duration::from_secs(600)).await?;
+/// The workload cluster's API server version and the kubelet version of every Node (or of the
+/// Node `only`) are `version`.
+///
+/// Errors naming what reports another version.
+async fn reports_version(
+    c: &CapiCluster<'_>,
+    version: &str,
+    only: Option<&str>,
+) -> anyhow::Result<()> {
+    let (workload, _) = c.workload().await?;
+    let served = workload.apiserver_version().await?.git_version;
     ensure!(
-        hosts == [free],
-        "after the rollout the worker is on {hosts:?}, want the free host {free}"
+        served == version,
+        "the workload API server is {served}, want {version}"
     );
-    c.wait_released_clean(old, Duration::from_secs(300)).await?;
-    let nodes = c.node_names(false).await?;
+    let kubelets = c.kubelet_versions().await?;
+    let checked: Vec<_> = kubelets
+        .iter()
+        .filter(|(n, _)| only.is_none_or(|o| o == n))
+        .collect();
     ensure!(
-        !nodes.iter().any(|n| n == old),
-        "the old worker's Node {old} is left in the workload cluster: {nodes:?}"
+        !checked.is_empty() && checked.iter().all(|(_, v)| v == version),
+        "the Nodes' kubelets are {kubelets:?}, want {} at {version}",
+        only.unwrap_or("every one")
     );
-    c.wait_available(Duration::from_secs(300)).await?;
-    bed.phases.done(&format!(
-        "rollout: new Machine on {free}, {old} released, clean, Available"
-    ));
     Ok(())
 }
 
-/// KCP replaces the control-plane Machine (`spec.rollout.after`: a rollout without a change):
-/// the new Machine takes the free host `free` and runs CABPK's control-plane join (`kubeadm join
-/// --control-plane`: a second etcd member, the cluster's certificates from the join data); KCP
-/// removes the old etcd member and deletes the old Machine, whose host is released (the agent's
-/// clean-up removes the endpoint address the claim added), clean and `Available`. The kube-vip
-/// stand-in then moves the endpoint to the new host, as kube-vip's leader election would.
-async fn control_plane_rollout(c: &CapiCluster<'_>, free: &str) -> anyhow::Result<()> {
+/// Takes `page`'s next [`doc_blocks::TEST_CAPI`] block (containing `marker`) and runs it on the
+/// workstation in the background (a `kubectl wait` while the test follows what it waits for);
+/// the task's result is its stdout.
+///
+/// Errors when the page's next block is not that one.
+fn run_beside(
+    page: &mut Page,
+    marker: &str,
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<String>>> {
+    let block = page.script.next(doc_blocks::TEST_CAPI, marker)?;
+    eprintln!("--- {}:{}\n{}", block.page, block.line, block.text);
+    let ws = page.ws.clone();
+    Ok(tokio::task::spawn_blocking(move || ws.run(&block)))
+}
+
+/// Follows an upgrade of the control plane to [`UPGRADE_VERSION`] (issue 36) once its version
+/// was changed: KCP's new Machine takes the free host `free` (which a v1.36 Machine left: the
+/// agent installs v1.37 there from the v1.37 repository, `@minor@` in the template's
+/// `aptRepository`) and runs CABPK's control-plane join at the new version (a second etcd member,
+/// the cluster's certificates from the join data); KCP removes the old etcd member and deletes
+/// the old Machine, whose host is released (the agent's clean-up removes the endpoint address
+/// the claim added), clean and `Available`. The kube-vip stand-in then moves the endpoint to the
+/// new host, as kube-vip's leader election would. At the end the workload API server answers
+/// with the new version and the control-plane Node's kubelet reports it. Returns the old
+/// control-plane host (free again).
+async fn follow_control_plane_upgrade(c: &CapiCluster<'_>, free: &str) -> anyhow::Result<String> {
     let bed = c.bed;
-    let old_machine = c.machines(true).await?;
-    let [old_machine] = old_machine.as_slice() else {
-        anyhow::bail!("{} control-plane Machines, want 1", old_machine.len());
-    };
-    let old = c
-        .host_of(old_machine)
-        .await?
-        .context("the control-plane Machine has no host")?;
-    let kcps = bed.api(
-        "controlplane.cluster.x-k8s.io",
-        "v1beta2",
-        "KubeadmControlPlane",
-    );
-    let kcp = format!("{}-control-plane", c.name);
-    let after = now_rfc3339();
-    kcps.patch(
-        &kcp,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"spec": {"rollout": {"after": after}}})),
+    let old = wait_for(
+        "the control-plane Machine of the old version",
+        Duration::from_secs(60),
+        || async {
+            for m in c.machines(true).await? {
+                if m.data["spec"]["version"] != UPGRADE_VERSION {
+                    return c.host_of(&m).await;
+                }
+            }
+            Ok(None)
+        },
     )
     .await?;
     wait_for(
@@ -421,7 +418,7 @@ async fn control_plane_rollout(c: &CapiCluster<'_>, free: &str) -> anyhow::Resul
     )
     .await?;
     bed.phases.done(&format!(
-        "control-plane rollout: new Machine claimed {free}"
+        "control-plane upgrade: new Machine ({UPGRADE_VERSION}) claimed {free}"
     ));
     let vip = format!("{}/32", endpoint_ip(c.name));
     let old_host = bed.host(&old)?;
@@ -438,10 +435,22 @@ async fn control_plane_rollout(c: &CapiCluster<'_>, free: &str) -> anyhow::Resul
         .run(&["ip", "addr", "add", &vip, "dev", "host0"])
         .await?;
     bed.phases.done(&format!(
-        "control-plane rollout: {free} joined, {old} reset (endpoint address removed by the agent)"
+        "control-plane upgrade: {free} joined, {old} reset (endpoint address removed by the agent)"
     ));
     c.wait_released_clean(&old, Duration::from_secs(300))
         .await?;
+    let kcps = bed.api(
+        "controlplane.cluster.x-k8s.io",
+        "v1beta2",
+        "KubeadmControlPlane",
+    );
+    // `<cluster>-control-plane` as the default template names it; the topology controller
+    // names it as it likes: the Cluster's controlPlaneRef says.
+    let cluster = bed.capi("Cluster").get(c.name).await?;
+    let kcp = cluster.data["spec"]["controlPlaneRef"]["name"]
+        .as_str()
+        .context("the Cluster has no controlPlaneRef")?
+        .to_string();
     let (machines, kcp_status) = wait_for(
         "KCP to report one up-to-date, ready control-plane Machine",
         Duration::from_secs(600),
@@ -468,23 +477,62 @@ async fn control_plane_rollout(c: &CapiCluster<'_>, free: &str) -> anyhow::Resul
         host.as_deref() == Some(free),
         "the control-plane Machine is on {host:?}, want {free}; KCP status {kcp_status}"
     );
+    ensure!(
+        machines[0].data["spec"]["version"] == UPGRADE_VERSION,
+        "the control-plane Machine's version is {}, want {UPGRADE_VERSION}",
+        machines[0].data["spec"]["version"]
+    );
     let nodes = c.node_names(true).await?;
     ensure!(
         nodes.iter().any(|n| n == free) && !nodes.iter().any(|n| n == &old),
-        "workload Nodes after the control-plane rollout: {nodes:?} (want {free}, not {old})"
+        "workload Nodes after the control-plane upgrade: {nodes:?} (want {free}, not {old})"
     );
+    // The workers are still at the old version.
+    reports_version(c, UPGRADE_VERSION, Some(free)).await?;
     c.wait_available(Duration::from_secs(300)).await?;
     bed.phases.done(&format!(
-        "control-plane rollout: {old} released, clean, Available; Cluster Available"
+        "control-plane upgrade: {old} released, clean, Available; API server {UPGRADE_VERSION}; Cluster Available"
     ));
-    Ok(())
+    Ok(old)
 }
 
-/// Now as an RFC 3339 time in whole seconds, UTC (`spec.rollout.after`).
-fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+/// Follows the workers' upgrade to [`UPGRADE_VERSION`] once the MachineDeployment's version
+/// was changed: Cluster API rolls it (new MachineSet, surge one, then the old Machine deleted).
+/// The new Machine takes the free host `free` (the old control-plane host, reset after its v1.36
+/// claim) and installs v1.37 there; the old worker's host `old` is released, clean and
+/// `Available`; the workload cluster keeps no Node of it, every Node and the API server report
+/// the new version, the Cluster is `Available`.
+async fn follow_worker_upgrade(c: &CapiCluster<'_>, old: &str, free: &str) -> anyhow::Result<()> {
+    let bed = c.bed;
+    wait_for(
+        "the upgrade's new worker Machine to claim the free host and the old one to go",
+        Duration::from_secs(600),
+        || async {
+            let claimed = c.claimed_hosts().await?;
+            Ok(
+                (claimed.iter().any(|h| h == free) && !claimed.iter().any(|h| h == old))
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let hosts = c.wait_workers(1, Duration::from_secs(600)).await?;
+    ensure!(
+        hosts == [free],
+        "after the upgrade the worker is on {hosts:?}, want the free host {free}"
+    );
+    c.wait_released_clean(old, Duration::from_secs(300)).await?;
+    let nodes = c.node_names(false).await?;
+    ensure!(
+        !nodes.iter().any(|n| n == old),
+        "the old worker's Node {old} is left in the workload cluster: {nodes:?}"
+    );
+    reports_version(c, UPGRADE_VERSION, None).await?;
+    c.wait_available(Duration::from_secs(300)).await?;
+    bed.phases.done(&format!(
+        "workers upgraded: new Machine on {free}, {old} released, clean, Available; every Node {UPGRADE_VERSION}"
+    ));
+    Ok(())
 }
 
 /// Deletes the Cluster: every Machine gone, every host `Available` and clean, nothing of ours
@@ -741,24 +789,28 @@ async fn move_cluster<'a>(
 }
 
 /// The first cluster's life, from docs/getting_started.md's section 8: created by the page's
-/// blocks, paused and scaled, scaled down, rolled out (workers, then the control plane) and
-/// deleted, on one bed.
+/// blocks, paused and scaled, scaled down, upgraded to the next minor by docs/upgrades.md's
+/// blocks (the control plane, then the workers) and deleted, on one bed.
 async fn lifecycle(bed: &CapiBed) -> anyhow::Result<()> {
     let mut page = Page::new(bed, CREATE_SECTION)?;
     let c = CapiCluster::new(bed, CLUSTER);
     create(&c, None, Some(&mut page)).await?;
     let workers = scale_up_while_paused(&c).await?;
     let worker = scale_down(&c, &workers).await?;
-    let claimed = c.claimed_hosts().await?;
-    let free = bed
-        .hosts
-        .iter()
-        .map(|h| h.name().to_string())
-        .find(|h| !claimed.contains(h))
-        .context("no free host for the rollout")?;
-    rollout(&c, &worker, &free).await?;
-    // The worker's old host is free again: KCP's replacement control-plane Machine takes it.
-    control_plane_rollout(&c, &worker).await?;
+    reports_version(&c, KUBERNETES_VERSION, None).await?;
+    let free = c.free_host().await?;
+    // docs/upgrades.md's blocks: the control plane first, on the free host (the page's wait runs
+    // while the test follows the rollout and stands in for kube-vip); the old control-plane
+    // host, reset, then takes the upgraded worker.
+    let mut upgrade = Page::of(bed, UPGRADE_PAGE, UPGRADE_SECTION)?;
+    upgrade.run("patch kubeadmcontrolplane")?;
+    let waited = run_beside(&mut upgrade, "get kubeadmcontrolplane")?;
+    let old_cp = follow_control_plane_upgrade(&c, &free).await?;
+    eprintln!("{}", waited.await??);
+    let waited = run_beside(&mut upgrade, "patch machinedeployment")?;
+    follow_worker_upgrade(&c, &worker, &old_cp).await?;
+    eprintln!("{}", waited.await??);
+    upgrade.script.finish()?;
     delete(&c).await?;
     page.script.finish()
 }
@@ -774,15 +826,32 @@ async fn clusterclass_and_move(
     // generate` adds; the cluster works as the first one does.
     let topology = CapiCluster::new(bed, TOPOLOGY_CLUSTER);
     create(&topology, Some("topology"), None).await?;
+    let free = topology.free_host().await?;
+    let [worker] =
+        <[String; 1]>::try_from(topology.wait_workers(1, Duration::from_secs(60)).await?)
+            .map_err(|w| anyhow::anyhow!("workers on {w:?}, want one"))?;
+    // Upgraded by docs/upgrades.md's ClusterClass blocks (one field; the page's wait runs while
+    // the test follows the control plane, standing in for kube-vip, then the workers), while
+    // the second management cluster starts beside it.
+    let mut upgrade = Page::of(bed, UPGRADE_PAGE, TOPOLOGY_UPGRADE_SECTION)?;
+    let upgraded = async {
+        upgrade.run("\"topology\"")?;
+        let waited = run_beside(&mut upgrade, "get machinedeployment")?;
+        let old_cp = follow_control_plane_upgrade(&topology, &free).await?;
+        follow_worker_upgrade(&topology, &worker, &old_cp).await?;
+        eprintln!("{}", waited.await??);
+        upgrade.script.finish()
+    };
     // Moved to a second management cluster, it is deleted there. BYOH goes on it by the page's
     // `clusterctl init`, which finds Cluster API there and cert-manager's API answering.
-    let t = TargetManagement::start(bed, |kubeconfig| {
+    let started = TargetManagement::start(bed, |kubeconfig| {
         std::fs::copy(kubeconfig, page.ws.dir.join("target.kubeconfig"))?;
         page.run("clusterctl init --kubeconfig target.kubeconfig")?;
         Ok(())
-    })
-    .await?;
-    let t = target.insert(t);
+    });
+    let (upgraded, started) = tokio::join!(upgraded, started);
+    let t = target.insert(started?);
+    upgraded?;
     // What clusterctl recorded: BYOH beside Cluster API's providers (`tests/capi/up` recorded
     // those), and it did not install cert-manager (its API answered).
     let recorded = inventory(&t.admin).await?;
@@ -805,29 +874,41 @@ async fn clusterclass_and_move(
         "second management cluster up (control plane, Cluster API managers; BYOH by clusterctl init)",
     );
     let moved = move_cluster(&topology, t, &mut page).await?;
+    // The worker the target's Cluster API added joined at the upgraded version.
+    reports_version(&moved, UPGRADE_VERSION, None).await?;
     delete(&moved).await?;
     page.script.finish()
 }
 
-/// Every Cluster API block of docs/getting_started.md lies in a section one of the two tests
-/// runs (each test checks it ran all of its section's).
+/// Every Cluster API block of docs/getting_started.md and docs/upgrades.md lies in a section
+/// one of the two tests runs (each test checks it ran all of its section's).
 #[test]
-fn the_two_tests_run_every_cluster_api_block_of_the_page() {
-    let md = std::fs::read_to_string(byoh_tests::agent::repo_root().join(PAGE)).unwrap();
-    let sections: Vec<(usize, usize)> = [CREATE_SECTION, MOVE_SECTION]
-        .iter()
-        .map(|h| doc_blocks::section_lines(&md, h).unwrap())
-        .collect();
-    let blocks = doc_blocks::page_blocks(PAGE, &doc_blocks::CAPI).unwrap();
-    assert!(blocks.len() >= 10, "{blocks:?}");
-    for b in &blocks {
-        assert!(
-            sections.iter().any(|(f, l)| (*f..=*l).contains(&b.line)),
-            "{PAGE}:{}: a `{}` block outside the sections {CREATE_SECTION:?} and {MOVE_SECTION:?} that capi_e2e runs",
-            b.line,
-            b.info
-        );
+fn the_two_tests_run_every_cluster_api_block_of_the_pages() {
+    for (page, headings, at_least) in [
+        (PAGE, &[CREATE_SECTION, MOVE_SECTION][..], 10),
+        (
+            UPGRADE_PAGE,
+            &[UPGRADE_SECTION, TOPOLOGY_UPGRADE_SECTION][..],
+            5,
+        ),
+    ] {
+        let md = std::fs::read_to_string(byoh_tests::agent::repo_root().join(page)).unwrap();
+        let sections: Vec<(usize, usize)> = headings
+            .iter()
+            .map(|h| doc_blocks::section_lines(&md, h).unwrap())
+            .collect();
+        let blocks = doc_blocks::page_blocks(page, &doc_blocks::CAPI).unwrap();
+        assert!(blocks.len() >= at_least, "{page}: {blocks:?}");
+        for b in &blocks {
+            assert!(
+                sections.iter().any(|(f, l)| (*f..=*l).contains(&b.line)),
+                "{page}:{}: a `{}` block outside the sections {headings:?} that capi_e2e runs",
+                b.line,
+                b.info
+            );
+        }
     }
+    assert_eq!(byoh_tests::capi_page::PAGES, [PAGE, UPGRADE_PAGE]);
 }
 
 /// Starts a bed of three hosts and runs `scenario` on it (`target`: the second management
@@ -860,7 +941,7 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_api_makes_scales_rolls_out_and_deletes_a_cluster_on_byoh_hosts() {
+async fn cluster_api_makes_scales_upgrades_and_deletes_a_cluster_on_byoh_hosts() {
     on_a_bed(CLUSTER, async |bed, _| lifecycle(bed).await).await;
 }
 
