@@ -122,7 +122,7 @@ pub fn error_policy(bc: Arc<ByoCluster>, error: &Error, ctx: Arc<Context>) -> Ac
 /// # Errors
 /// [`Error`] when an API request fails.
 pub async fn reconcile(bc: Arc<ByoCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled(NAME);
+    let _timer = ctx.metrics.reconcile(NAME);
     let ns = bc
         .namespace()
         .ok_or_else(|| Error::Invalid(format!("ByoCluster {} has no namespace", bc.name_any())))?;

@@ -157,7 +157,7 @@ pub fn controller(
 }
 
 async fn reconcile(template: Arc<ByoMachineTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled(NAME);
+    let _timer = ctx.metrics.reconcile(NAME);
     ctx.hosts_ready.wait().await;
     let hosts = ctx.hosts.state();
     let status = template_status(&template, hosts.iter().map(AsRef::as_ref));

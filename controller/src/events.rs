@@ -17,6 +17,11 @@ pub const REPORTER: &str = "byoh-controller";
 /// `BootstrapDataNotOwned`) gets a Warning Event of its `HostClaimed` condition's reason and
 /// message, once per new message, not at every retry.
 pub const HOST_CLAIMED: &str = "HostClaimed";
+/// ByoMachine, Normal or Warning: its host's claim was dropped (action [`RELEASE`]). Normal when
+/// the host's agent confirmed its clean-up (the host is back in the pool); Warning when the claim
+/// was dropped without it (the host offline, the release timed out, or forced), the note naming
+/// the reason and that the host is marked `needsCleanup`.
+pub const HOST_RELEASED: &str = "HostReleased";
 /// ByoHost, Warning: the bootstrap of a Machine on the host failed and was recorded; the note
 /// gives the count and when the host may be claimed again (action [`RELEASE`]).
 pub const BOOTSTRAP_FAILED: &str = "BootstrapFailed";

@@ -104,7 +104,7 @@ pub fn controller(
 }
 
 async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled(NAME);
+    let _timer = ctx.metrics.reconcile(NAME);
     // Until both caches hold their first list, a missing Lease proves nothing.
     ctx.hosts_ready.wait().await;
     ctx.leases_ready.wait().await;

@@ -50,6 +50,39 @@ pub struct HostLabels {
 /// Hosts per pool and state ([`Metrics::set_hosts`]).
 pub type HostCounts = BTreeMap<String, BTreeMap<&'static str, i64>>;
 
+/// Labels of `byoh_controller_build_info`, as Prometheus' own exporters label theirs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version, e.g. `0.1.0`.
+    pub version: String,
+    /// The git commit it was built from (12 hex digits, or `unknown`).
+    pub revision: String,
+}
+
+/// A reconcile's seconds histogram family: 1 ms .. ~32 s, as the claim histogram.
+type DurationFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
+
+/// The buckets of the seconds histograms: 1 ms .. ~32 s.
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Counts one reconcile and, when dropped, records its duration
+/// (`byoh_controller_reconcile_duration_seconds{controller}`): held for the length of a
+/// reconcile, whichever way it returns ([`Metrics::reconcile`]).
+#[derive(Debug)]
+#[must_use = "the reconcile's duration is recorded when the timer is dropped"]
+pub struct ReconcileTimer {
+    histogram: Histogram,
+    start: std::time::Instant,
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        self.histogram.observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
 /// The controller's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -58,6 +91,8 @@ pub struct Metrics {
     pub reconciles: Family<ControllerLabels, Counter>,
     /// `byoh_controller_reconcile_errors_total{controller, error}`.
     pub errors: Family<ErrorLabels, Counter>,
+    /// `byoh_controller_reconcile_duration_seconds{controller}`: each reconcile's length.
+    reconcile_duration: DurationFamily,
     /// `byoh_controller_claim_duration_seconds`: from the first reconcile that found the
     /// ByoMachine ready to claim (cluster provisioned, bootstrap data present) to its claim.
     pub claim_duration: Histogram,
@@ -83,8 +118,15 @@ impl Metrics {
         let mut registry = Registry::with_prefix("byoh_controller");
         let reconciles = Family::<ControllerLabels, Counter>::default();
         let errors = Family::<ErrorLabels, Counter>::default();
-        // 1 ms .. ~32 s.
-        let claim_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let reconcile_duration: DurationFamily = Family::new_with_constructor(seconds_histogram);
+        let claim_duration = seconds_histogram();
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+                revision: env!("BYOH_GIT_COMMIT").into(),
+            })
+            .set(1);
         let claim_conflicts = Counter::default();
         let hosts = Family::<HostLabels, Gauge>::default();
         registry.register("reconciles", "Reconciles run", reconciles.clone());
@@ -92,6 +134,16 @@ impl Metrics {
             "reconcile_errors",
             "Reconciles that failed, by error kind",
             errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time each reconcile took, whichever way it ended",
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "build_info",
+            "The controller's version and git revision (always 1)",
+            build_info,
         );
         registry.register(
             "claim_duration_seconds",
@@ -108,6 +160,7 @@ impl Metrics {
             registry,
             reconciles,
             errors,
+            reconcile_duration,
             claim_duration,
             claim_conflicts,
             hosts,
@@ -115,13 +168,17 @@ impl Metrics {
         }
     }
 
-    /// Counts one reconcile of `controller`.
-    pub fn reconciled(&self, controller: &str) {
-        self.reconciles
-            .get_or_create(&ControllerLabels {
-                controller: controller.into(),
-            })
-            .inc();
+    /// Counts one reconcile of `controller` and times it: hold the timer for the length of the
+    /// reconcile (its drop records the duration).
+    pub fn reconcile(&self, controller: &str) -> ReconcileTimer {
+        let labels = ControllerLabels {
+            controller: controller.into(),
+        };
+        self.reconciles.get_or_create(&labels).inc();
+        ReconcileTimer {
+            histogram: self.reconcile_duration.get_or_create(&labels).clone(),
+            start: std::time::Instant::now(),
+        }
     }
 
     /// Counts one failed reconcile of `controller` with error kind `error`.
@@ -271,7 +328,7 @@ mod tests {
     #[test]
     fn encodes_every_family() {
         let m = Metrics::new();
-        m.reconciled("byomachine");
+        drop(m.reconcile("byomachine"));
         m.failed("byomachine", "kube");
         m.claim_duration.observe(0.02);
         let counts = |pool: &str, state: &'static str, n: i64| -> HostCounts {
@@ -289,6 +346,14 @@ mod tests {
             // pool-a's hosts are gone: its counts read 0, not its last ones.
             "byoh_controller_hosts{pool=\"pool-a\",state=\"free\"} 0",
             "byoh_controller_claim_conflicts_total 0",
+            "byoh_controller_reconcile_duration_seconds_count{controller=\"byomachine\"} 1",
+            concat!(
+                "byoh_controller_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\",revision=\"",
+                env!("BYOH_GIT_COMMIT"),
+                "\"} 1"
+            ),
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }

@@ -40,6 +40,20 @@ pub fn repo_root() -> PathBuf {
 /// test host (the workspace's `target/` is mounted read-only at `/byoh/target`).
 pub const AGENT_IN_HOST: &str = "/byoh/target/debug/byoh-agent";
 
+/// Writes the cloud-config `text` to `path` on `host` (0600) and runs this build's
+/// `byoh-agent cloud-config apply` on it ([`AGENT_IN_HOST`]), as the bootstrap applies it.
+///
+/// Errors when the copy or the exec fails; a failing apply is the output's exit status.
+pub async fn cloud_config_apply(
+    host: &Host,
+    path: &str,
+    text: &str,
+) -> anyhow::Result<crate::hosts::ExecOutput> {
+    host.write_file(path, text.as_bytes(), 0o600).await?;
+    host.exec(&[AGENT_IN_HOST, "cloud-config", "apply", path])
+        .await
+}
+
 fn random_lower(n: usize) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     (0..n)

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use byoh_tests::agent::AGENT_IN_HOST;
+use byoh_tests::agent::{AGENT_IN_HOST, cloud_config_apply};
 use byoh_tests::hosts::{self, ExecOutput, Host};
 
 async fn boot(label: &str) -> Option<Host> {
@@ -14,13 +14,9 @@ async fn boot(label: &str) -> Option<Host> {
     Some(Host::boot(label).await.unwrap())
 }
 
-/// Copies `text` to the host and runs `byoh-agent cloud-config apply` on it.
+/// Copies `text` to the host as `/root/NAME` and runs `byoh-agent cloud-config apply` on it.
 async fn apply(host: &Host, name: &str, text: &str) -> ExecOutput {
-    let path = format!("/root/{name}");
-    host.write_file(&path, text.as_bytes(), 0o600)
-        .await
-        .unwrap();
-    host.exec(&[AGENT_IN_HOST, "cloud-config", "apply", &path])
+    cloud_config_apply(host, &format!("/root/{name}"), text)
         .await
         .unwrap()
 }

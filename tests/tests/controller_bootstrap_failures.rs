@@ -10,8 +10,8 @@
 //! `byoh.infrastructure.cluster.x-k8s.io/bootstrap-failures`, count 1); the next ByoMachine
 //! gets no host while the back-off runs and says so (`BootstrapBackOff`, when it ends); an
 //! administrator's removal of the annotation frees the host at once; each of these steps is an
-//! Event too (`BootstrapFailed` on the ByoHost, `NoHostAvailable` and `HostClaimed` on the
-//! ByoMachine). With a short back-off:
+//! Event too (`BootstrapFailed` on the ByoHost, `HostReleased`, `NoHostAvailable` and
+//! `HostClaimed` on the ByoMachines). With a short back-off:
 //! a Machine remediated for `NodeStartupTimeout` while the host was still bootstrapping counts
 //! as a failure too (count 1 again: the reset cleared the history); the next ByoMachine gets
 //! the host once the back-off has passed, without any event of the host; a successful
@@ -189,6 +189,19 @@ async fn a_host_whose_bootstrap_failed_is_held_back_until_its_back_off_passes_or
         "{note}"
     );
     cleaned(&client, &n, &uid1).await;
+    // The claim dropped after the agent's clean-up: a Normal Event on the ByoMachine.
+    let note = controller_event(
+        &client,
+        &n,
+        ("ByoMachine", "m1"),
+        ("Normal", "HostReleased"),
+        HOST,
+    )
+    .await;
+    assert_eq!(
+        note,
+        format!("ByoHost {HOST} reset by its agent and back in the pool")
+    );
 
     // The next ByoMachine waits, and says for what and until when.
     create_machine(&client, &n, "c1", "m2", &MachineOpts::ready()).await;

@@ -819,6 +819,15 @@ async fn release_of_offline_forced_timed_out_and_vanished_hosts() {
         (mark.machine_uid.as_str(), mark.reason.as_str()),
         (forced_uid.as_str(), "ForcedRelease")
     );
+    // Where an operator looks: a Warning Event on the (gone) ByoMachine naming the reason.
+    controller_event(
+        &client,
+        &n,
+        ("ByoMachine", "m-forced"),
+        ("Warning", "HostReleased"),
+        "without its agent's clean-up (ForcedRelease)",
+    )
+    .await;
     eventually(
         "vanished host's machine released",
         Duration::from_secs(5),
@@ -845,6 +854,15 @@ async fn release_of_offline_forced_timed_out_and_vanished_hosts() {
         (mark.machine_uid.as_str(), mark.reason.as_str()),
         (offline_uid.as_str(), "HostOfflineRelease")
     );
+    // Where an operator looks: a Warning Event on the (gone) ByoMachine naming the reason.
+    controller_event(
+        &client,
+        &n,
+        ("ByoMachine", "m-offline"),
+        ("Warning", "HostReleased"),
+        "without its agent's clean-up (HostOfflineRelease)",
+    )
+    .await;
 
     eventually("timed-out release", Duration::from_secs(20), || async {
         get_bm(&client, &n, "m-slow").await.is_none().then_some(())
@@ -856,6 +874,15 @@ async fn release_of_offline_forced_timed_out_and_vanished_hosts() {
         (mark.machine_uid.as_str(), mark.reason.as_str()),
         (slow_uid.as_str(), "ReleaseTimedOut")
     );
+    // Where an operator looks: a Warning Event on the (gone) ByoMachine naming the reason.
+    controller_event(
+        &client,
+        &n,
+        ("ByoMachine", "m-slow"),
+        ("Warning", "HostReleased"),
+        "without its agent's clean-up (ReleaseTimedOut)",
+    )
+    .await;
     assert!(
         started.elapsed() >= Duration::from_secs(4),
         "not before the timeout"

@@ -140,38 +140,113 @@ pub fn write_file(root: &Path, f: &FileWrite) -> Result<(), ExecError> {
         }
     };
     let target = under(root, &f.path);
-    create_parents(root, &f.path).map_err(err("creating the parent directories"))?;
-    let existing = f.append && target.exists();
-    if existing {
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&target)
-            .map_err(err("opening for append"))?;
-        std::io::copy(&mut f.content.reader(), &mut file).map_err(err("appending"))?;
-        file.sync_all().map_err(err("fsync"))?;
-        if let Some(mode) = f.mode {
-            file.set_permissions(std::fs::Permissions::from_mode(mode))
-                .map_err(err("chmod"))?;
-        }
+    // A write below a directory (or link) a user other than root owns is that user's own write:
+    // made with the user's file system ids, so whatever that user swaps in on the way (a link
+    // for the file or for a directory) leads only where the user may write anyway.
+    crate::fsutil::write_as_path_owner(
+        root == Path::new("/"),
+        &target,
+        f.owner.as_ref().map(|o| (o.uid, o.gid)),
+        primary_group,
+        |owner, uid| Ok(write_one(root, &target, f, owner, uid)),
+    )
+    .unwrap_or_else(|e| Err(("choosing whom to write as", e)))
+    .map_err(|(what, source)| err(what)(source))
+}
+
+/// [`write_file`]'s work, run as user `uid`: parents created, then an append to an existing
+/// file (a link at it followed only when root or `uid` owns it) or an atomic replace, given to
+/// `owner`.
+fn write_one(
+    root: &Path,
+    target: &Path,
+    f: &FileWrite,
+    owner: Option<crate::fsutil::FileOwner>,
+    uid: u32,
+) -> Result<(), StepError> {
+    create_parents(root, &f.path).map_err(|e| ("creating the parent directories", e))?;
+    if f.append && target.exists() {
+        refuse_foreign_link(target, uid)?;
+        append(target, f, owner)
     } else {
+        // Created with the mode and owner already (on the temporary file's descriptor), so the
+        // content is never readable by others even for a moment when the mode is restrictive,
+        // and nothing is chowned by path.
         let mode = f.mode.unwrap_or(DEFAULT_FILE_MODE);
-        // Created with the mode already (write_atomic), so the content is never readable by
-        // others even for a moment when the mode is restrictive.
-        crate::fsutil::write_atomic_from(&target, &mut f.content.reader(), mode)
-            .map_err(err("writing"))?;
+        crate::fsutil::write_atomic_owned(target, &mut f.content.reader(), mode, owner)
+            .map_err(|e| ("writing", e))
     }
-    if let Some(owner) = &f.owner {
-        let mode = std::fs::metadata(&target)
-            .map_err(err("stat"))?
-            .permissions()
-            .mode()
-            & 0o7777;
-        std::os::unix::fs::chown(&target, Some(owner.uid), owner.gid).map_err(err("chown"))?;
-        // chown(2) clears the setuid and setgid bits: set the mode again.
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
-            .map_err(err("chmod"))?;
+}
+
+/// An I/O error of an append, with its step.
+type StepError = (&'static str, std::io::Error);
+
+/// Appends `f`'s content to the existing file `target`, fsyncs it, gives it to `owner` and sets
+/// the requested mode (the existing one again after a chown), all on the open descriptor.
+fn append(
+    target: &Path,
+    f: &FileWrite,
+    owner: Option<crate::fsutil::FileOwner>,
+) -> Result<(), StepError> {
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(target)
+        .map_err(|e| ("opening for append", e))?;
+    std::io::copy(&mut f.content.reader(), &mut file).map_err(|e| ("appending", e))?;
+    file.sync_all().map_err(|e| ("fsync", e))?;
+    let mode = match f.mode {
+        Some(m) => m,
+        None => {
+            file.metadata()
+                .map_err(|e| ("stat", e))?
+                .permissions()
+                .mode()
+                & 0o7777
+        }
+    };
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), gid).map_err(|e| ("chown", e))?;
+    }
+    // chown(2) clears the setuid and setgid bits: the mode is set after it.
+    if f.mode.is_some() || owner.is_some() {
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|e| ("chmod", e))?;
     }
     Ok(())
+}
+
+/// Refuses an append, made as user `uid`, through a symbolic link at `target` that another user
+/// than root or `uid` owns: that user's link could lead the write to any file `uid` may write
+/// (in a directory root owns but others may write, e.g. a shared one). Root's links and the
+/// writer's own are followed, as cloud-init follows links.
+fn refuse_foreign_link(target: &Path, uid: u32) -> Result<(), StepError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::symlink_metadata(target).map_err(|e| ("stat", e))?;
+    if !meta.file_type().is_symlink() || meta.uid() == 0 || meta.uid() == uid {
+        return Ok(());
+    }
+    let who = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid()))
+        .ok()
+        .flatten()
+        .map_or_else(|| "another user".into(), |u| u.name);
+    Err((
+        "opening for append",
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "it is a symbolic link owned by {who} (uid {}), which a write as uid {uid} does not follow",
+                meta.uid()
+            ),
+        ),
+    ))
+}
+
+/// The primary group of user `uid` (the name service), or a group of the same id.
+fn primary_group(uid: u32) -> u32 {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or(uid, |u| u.gid.as_raw())
 }
 
 /// Runs one `bootcmd` item on its own (cloud-init module `bootcmd`: string → `/bin/sh -c`,

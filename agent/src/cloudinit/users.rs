@@ -463,20 +463,30 @@ pub async fn apply(
         let path = dir.join("authorized_keys");
         journal.before_write(&path)?;
         let host_dir = under(root, &dir);
-        if !host_dir.exists() {
-            std::fs::create_dir_all(&host_dir)
-                .and_then(|()| {
-                    std::fs::set_permissions(&host_dir, std::fs::Permissions::from_mode(0o700))
-                })
-                .and_then(|()| std::os::unix::fs::chown(&host_dir, Some(acct.uid), Some(acct.gid)))
-                .map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
         let host = under(root, &path);
-        let old = std::fs::read_to_string(&host).unwrap_or_default();
-        let content = authorized_keys_content(&old, &u.ssh_authorized_keys);
-        crate::fsutil::write_atomic(&host, content.as_bytes(), 0o600)
-            .and_then(|()| std::os::unix::fs::chown(&host, Some(acct.uid), Some(acct.gid)))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let keys = &u.ssh_authorized_keys;
+        // In the user's own home, the user's own write (crate::fsutil::write_as_path_owner): a
+        // link the user placed there (to /etc/shadow, say) is neither read nor written through
+        // with root's rights.
+        crate::fsutil::write_as_path_owner(
+            root == Path::new("/"),
+            &host,
+            Some((acct.uid, Some(acct.gid))),
+            |_| acct.gid,
+            |owner, _| {
+                if !host_dir.exists() {
+                    std::fs::create_dir_all(&host_dir)?;
+                    std::fs::set_permissions(&host_dir, std::fs::Permissions::from_mode(0o700))?;
+                    if let Some((uid, gid)) = owner {
+                        std::os::unix::fs::chown(&host_dir, Some(uid), gid)?;
+                    }
+                }
+                let old = std::fs::read_to_string(&host).unwrap_or_default();
+                let content = authorized_keys_content(&old, keys);
+                crate::fsutil::write_atomic_owned(&host, &mut content.as_bytes(), 0o600, owner)
+            },
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     tracing::info!(
         index = u.index,

@@ -207,7 +207,7 @@ fn machine_ref(bm: &ByoMachine) -> Result<MachineRef, Error> {
 /// # Errors
 /// [`Error`] when an API request fails.
 pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled(NAME);
+    let _timer = ctx.metrics.reconcile(NAME);
     // Selection and release decide from the host and Lease caches: after a start or a leader
     // change, an empty cache would read as "no host" or "host offline" (a release would then
     // skip the agent's graceful clean-up). Wait until both hold their first list.

@@ -124,6 +124,33 @@ async fn failure_event(ctx: &Context, host: &ByoHost, record: &BootstrapFailures
     .await;
 }
 
+/// Publishes [`events::HOST_RELEASED`] on `bm` for `host`, whose claim was just dropped:
+/// Normal after the agent's clean-up (`unconfirmed` `None`), else Warning with the reason the
+/// claim went without it (a [`reasons`] value).
+async fn released_event(ctx: &Context, bm: &ByoMachine, host: &str, unconfirmed: Option<&str>) {
+    let (type_, note) = match unconfirmed {
+        None => (
+            EventType::Normal,
+            format!("ByoHost {host} reset by its agent and back in the pool"),
+        ),
+        Some(reason) => (
+            EventType::Warning,
+            format!(
+                "claim on ByoHost {host} dropped without its agent's clean-up ({reason}); the host is marked needsCleanup and is offered again only after its agent cleans it"
+            ),
+        ),
+    };
+    events::publish(
+        &ctx.recorder,
+        bm,
+        type_,
+        events::HOST_RELEASED,
+        events::RELEASE,
+        note,
+    )
+    .await;
+}
+
 /// Release step of a deleted ByoMachine. `Ok(None)`: released (or nothing to release);
 /// `Ok(Some(action))`: waiting for the agent.
 pub(super) async fn release(
@@ -166,6 +193,7 @@ pub(super) async fn release(
                     timed_out,
                 )
                 .await?;
+                released_event(ctx, bm, &h.name_any(), Some(reasons::FORCED_RELEASE)).await;
             }
             ctx.claims().made.remove(&n.uid);
             return Ok(None);
@@ -183,6 +211,7 @@ pub(super) async fn release(
     if cleaned {
         drop_claim(ctx, &api, host, &n.uid, None, previous.as_ref(), timed_out).await?;
         tracing::info!(byomachine = %n.name, host = %host_name, "host cleaned by the agent; claim dropped");
+        released_event(ctx, bm, &host_name, None).await;
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
     }
@@ -217,6 +246,7 @@ pub(super) async fn release(
             timed_out,
         )
         .await?;
+        released_event(ctx, bm, &host_name, Some(reason)).await;
         ctx.claims().made.remove(&n.uid);
         return Ok(None);
     }
