@@ -35,9 +35,16 @@ impl TargetManagement {
         bed: &CapiBed,
         install_byoh: impl FnOnce(&Path) -> anyhow::Result<()>,
     ) -> anyhow::Result<TargetManagement> {
-        let cp = PrivateControlPlane::start()?;
+        // The control plane and the managers start on a blocking thread: a scenario may run
+        // this beside other work of its own task (tokio::join!), which a minute of blocking
+        // here would starve (its waits would time out unpolled).
+        let (cp, capi) = tokio::task::spawn_blocking(|| -> anyhow::Result<_> {
+            let cp = PrivateControlPlane::start()?;
+            let capi = CapiManagers::start(cp.kubeconfig())?;
+            Ok((cp, capi))
+        })
+        .await??;
         let admin = cp.client().await?;
-        let capi = CapiManagers::start(cp.kubeconfig())?;
         install_byoh(cp.kubeconfig())?;
         let controller = ControllerProcess::start(&admin, cp.kubeconfig(), &bed.ns).await?;
         Ok(TargetManagement {

@@ -393,7 +393,7 @@ async fn follow_control_plane_upgrade(c: &CapiCluster<'_>, free: &str) -> anyhow
     let bed = c.bed;
     let old = wait_for(
         "the control-plane Machine of the old version",
-        Duration::from_secs(60),
+        Duration::from_secs(300),
         || async {
             for m in c.machines(true).await? {
                 if m.data["spec"]["version"] != UPGRADE_VERSION {

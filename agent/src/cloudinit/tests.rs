@@ -669,6 +669,10 @@ fn logs_hold_paths_modes_and_indices_but_never_contents_or_commands() {
         ..FakeRunner::default()
     };
     tracing::subscriber::with_default(subscriber, || {
+        // Another test thread may have met these callsites first, with no subscriber, and had
+        // them cached as never enabled: have every callsite ask the dispatchers again (this
+        // test failed once so in a loaded `make test`).
+        tracing::callsite::rebuild_interest_cache();
         let _ = run_plan(&plan, root.path(), &runner);
     });
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
