@@ -673,6 +673,40 @@ impl Host {
     }
 }
 
+impl Host {
+    /// Writes the last [`JOURNAL_TAIL_LINES`] lines of the host's journal to the test's
+    /// standard error (not captured by the test harness), for a test that failed: what the
+    /// host's units said is often the reason. Blocking, for [`Drop`].
+    fn print_journal_tail(&self) {
+        let lines = JOURNAL_TAIL_LINES.to_string();
+        let out = std::process::Command::new(scripts_dir().join("exec"))
+            .args([
+                &self.name,
+                "--",
+                "journalctl",
+                "--no-pager",
+                "-o",
+                "short-precise",
+                "-n",
+            ])
+            .arg(&lines)
+            .stdin(Stdio::null())
+            .output();
+        let text = match out {
+            Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+            Err(e) => format!("(journalctl could not run: {e})\n"),
+        };
+        let _ = write!(
+            std::io::stderr(),
+            "---- journal of test host {name}, last {lines} lines (the test failed) ----\n{text}---- end of the journal of {name} ----\n",
+            name = self.name
+        );
+    }
+}
+
+/// How many journal lines [`Host::print_journal_tail`] shows.
+const JOURNAL_TAIL_LINES: usize = 60;
+
 impl Drop for Host {
     fn drop(&mut self) {
         if self.stopped {
@@ -686,6 +720,9 @@ impl Drop for Host {
                 name = self.name
             );
             return;
+        }
+        if std::thread::panicking() {
+            self.print_journal_tail();
         }
         // Blocking on purpose: the host must be gone before the test process may exit.
         let result = std::process::Command::new(scripts_dir().join("stop"))

@@ -6,8 +6,14 @@
 //!   enrolment record, all five were approved);
 //! - one re-enrolment permission, five CSRs at once: one certificate; the value `false` allows
 //!   nothing;
+//! - an approver that fails after it claimed the permission (here: it may not write the
+//!   enrolment record) loses nothing: the claim stays that CSR's, no other CSR takes it, and the
+//!   next approver approves that CSR (before the claim, the failure used the permission up);
 //! - a revoked host loses its Role at once, and when its ByoHost is gone it creates another
 //!   without the mark: it gets no certificate and no grant.
+//!
+//! The tests take turns ([`APPROVERS`]): each runs its own approver, and one approver's
+//! decisions must not stand in for another's.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -21,10 +27,13 @@ use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::csr::{annotate, approved, file, refused_with, signed, valid, warning_for};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use std::time::Duration;
+
+/// Held by each test for its whole run: one CSR approver at a time on the control plane.
+static APPROVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Files five valid CSRs for host `host` at once (each with its own key) as `client`, named
 /// `byoh-<host>-race<i>-<run>`, and waits until one at least is approved and each of the others
@@ -78,6 +87,7 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
     let Some(admin) = control_plane::client().await else {
         return;
     };
+    let _turn = APPROVERS.lock().await;
     install_components(&admin).await.unwrap();
     let approver = tokio::spawn(csr::run(
         controller_client().await.unwrap(),
@@ -171,16 +181,20 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
         "one re-enrolment permission",
     )
     .await;
-    // The permission is gone, so no refused racer can use it when it is looked at again.
-    assert!(
-        !byohosts
-            .get(&offline)
-            .await
-            .unwrap()
-            .annotations()
-            .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT),
-        "the re-enrolment permission outlived its use"
-    );
+    // The permission is gone once the winner is approved, so no refused racer can use it when
+    // it is looked at again.
+    eventually(
+        "the re-enrolment permission removed after its use",
+        Duration::from_secs(30),
+        || async {
+            let host = byohosts.get(&offline).await.ok()?;
+            (!host
+                .annotations()
+                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
+            .then_some(())
+        },
+    )
+    .await;
     for name in racers.iter().filter(|n| **n != winner) {
         let note = refused_with(&admin, name).await;
         assert!(
@@ -209,6 +223,7 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
     let Some(admin) = control_plane::client().await else {
         return;
     };
+    let _turn = APPROVERS.lock().await;
     install_components(&admin).await.unwrap();
     let pool = TestNamespace::create(&admin, "revoked").await.unwrap();
     let controller = controller_client().await.unwrap();
@@ -333,4 +348,175 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
         )
         .await;
     pool.cleanup(&admin).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    let _turn = APPROVERS.lock().await;
+    install_components(&admin).await.unwrap();
+    let run = random_lower(6);
+    // An approver with the controller's ClusterRole but, in the provider's namespace, only the
+    // right to read ConfigMaps: it claims the permission, then cannot write the enrolment
+    // record (as an API error or a timeout would stop it at that point).
+    let user = format!("byoh-test:approver-{run}");
+    let subject = Subject {
+        kind: "User".into(),
+        name: user.clone(),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        namespace: None,
+    };
+    let binding_meta = |namespace: Option<&str>| ObjectMeta {
+        name: Some(format!("byoh-test-approver-{run}")),
+        namespace: namespace.map(Into::into),
+        ..ObjectMeta::default()
+    };
+    let cluster_bindings = Api::<ClusterRoleBinding>::all(admin.clone());
+    cluster_bindings
+        .create(
+            &PostParams::default(),
+            &ClusterRoleBinding {
+                metadata: binding_meta(None),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "ClusterRole".into(),
+                    name: manifests::MANAGER_ROLE.into(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            },
+        )
+        .await
+        .unwrap();
+    let roles = Api::<Role>::namespaced(admin.clone(), manifests::NAMESPACE);
+    let role_bindings = Api::<RoleBinding>::namespaced(admin.clone(), manifests::NAMESPACE);
+    let mut read_only = manifests::enrolment_records_role(manifests::NAMESPACE);
+    read_only.metadata = binding_meta(Some(manifests::NAMESPACE));
+    for rule in read_only.rules.iter_mut().flatten() {
+        rule.verbs = vec!["get".into()];
+    }
+    roles
+        .create(&PostParams::default(), &read_only)
+        .await
+        .unwrap();
+    role_bindings
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: binding_meta(Some(manifests::NAMESPACE)),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name: read_only.name_any(),
+                },
+                subjects: Some(vec![subject]),
+            },
+        )
+        .await
+        .unwrap();
+
+    let ns = TestNamespace::create(&admin, "claim").await.unwrap();
+    let byohosts = Api::<ByoHost>::namespaced(admin.clone(), ns.name());
+    let host = format!("reinstalled-{run}");
+    byohosts
+        .create(
+            &PostParams::default(),
+            &ByoHost::new(&host, Default::default()),
+        )
+        .await
+        .unwrap();
+    annotate(
+        &byohosts,
+        &host,
+        byoh_api::labels::ALLOW_RE_ENROLMENT,
+        "true",
+    )
+    .await;
+    let token = agent::create_bootstrap_token(&admin, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrapper = token_client(&token).await.unwrap();
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+    let first = format!("byoh-{host}-first-{run}");
+    file(&bootstrapper, &first, &valid(&host)).await;
+    let uid = csrs.get(&first).await.unwrap().uid().unwrap();
+
+    let failing = tokio::spawn(csr::run(
+        impersonating(&user, &["system:authenticated"])
+            .await
+            .unwrap(),
+        CsrOptions::default(),
+    ));
+    let claim = csr::identity::claim(&first, &uid);
+    eventually(
+        "the permission claimed for the first CSR",
+        Duration::from_secs(60),
+        || async {
+            let now = byohosts.get(&host).await.ok()?;
+            (now.annotations().get(byoh_api::labels::ALLOW_RE_ENROLMENT) == Some(&claim))
+                .then_some(())
+        },
+    )
+    .await;
+    // It retries every 10 s and fails each time: the CSR stays pending.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    failing.abort();
+    assert!(
+        !approved(&csrs.get(&first).await.unwrap()),
+        "approved without its record"
+    );
+
+    // Another holder of the token files a CSR for the name meanwhile: the claim is not its.
+    let approver = tokio::spawn(csr::run(
+        controller_client().await.unwrap(),
+        CsrOptions::default(),
+    ));
+    let second = format!("byoh-{host}-second-{run}");
+    file(&bootstrapper, &second, &valid(&host)).await;
+    let note = refused_with(&admin, &second).await;
+    assert!(
+        note.contains(&format!("used by another CSR first ({claim})")),
+        "{note}"
+    );
+    // The first CSR, looked at again by an approver that can write the record: approved, and
+    // the permission removed once used.
+    signed(&admin, &first).await;
+    assert!(
+        !approved(&csrs.get(&second).await.unwrap()),
+        "two CSRs approved on one permission"
+    );
+    eventually(
+        "the used permission removed",
+        Duration::from_secs(30),
+        || async {
+            let now = byohosts.get(&host).await.ok()?;
+            (!now
+                .annotations()
+                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
+            .then_some(())
+        },
+    )
+    .await;
+
+    approver.abort();
+    for name in [&first, &second] {
+        let _ = csrs.delete(name, &DeleteParams::default()).await;
+    }
+    let _ = Api::<ConfigMap>::namespaced(admin.clone(), manifests::NAMESPACE)
+        .delete(
+            &csr::enrolment::record_name(&host),
+            &DeleteParams::default(),
+        )
+        .await;
+    let _ = role_bindings
+        .delete(&read_only.name_any(), &DeleteParams::default())
+        .await;
+    let _ = roles
+        .delete(&read_only.name_any(), &DeleteParams::default())
+        .await;
+    let _ = cluster_bindings
+        .delete(&read_only.name_any(), &DeleteParams::default())
+        .await;
+    ns.cleanup(&admin).await.unwrap();
 }

@@ -629,7 +629,7 @@ impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
                 // read-only; on a real host a failure here shows in `journalctl -u UNIT`, and
                 // the kubeadm preflight checks report what is missing.
                 self.warn(format!(
-                    "restarting {unit} failed ({e}); the settings apply at the next boot, see journalctl -u {unit}"
+                    "restarting {unit} failed ({e}); the settings apply at the next boot"
                 ))?;
             }
             Err(e) => return Err(InstallError::unit("restarting", unit)(e)),

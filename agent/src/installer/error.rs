@@ -96,14 +96,14 @@ pub enum InstallError {
         hint: String,
     },
     /// A systemd operation failed.
-    #[error("{action} {unit}: {source}; see journalctl -u {unit}")]
+    #[error("{action} {unit}: {source}")]
     Unit {
         /// What was being done, e.g. `starting`.
         action: &'static str,
         /// The unit.
         unit: String,
         /// The systemd error.
-        source: SystemdError,
+        source: Box<SystemdError>,
     },
     /// A pre-installed component has another version than the Machine's.
     #[error(
@@ -180,7 +180,7 @@ impl InstallError {
         move |source| InstallError::Unit {
             action,
             unit,
-            source,
+            source: Box::new(source),
         }
     }
 }

@@ -2,9 +2,9 @@
 //! zbus_systemd). Jobs are awaited through the manager's `JobRemoved` signal, subscribed to
 //! before the job is queued so no result is missed (see org.freedesktop.systemd1(5)).
 
-use super::{JOB_TIMEOUT, SystemdError, UnitManager, UnitState};
+use super::{JOB_TIMEOUT, RESTART_GRACE, SystemdError, UnitManager, UnitState, service_outcome};
 use futures::{Stream, StreamExt};
-use zbus_systemd::systemd1::{ManagerProxy, UnitProxy};
+use zbus_systemd::systemd1::{ManagerProxy, ServiceProxy, UnitProxy};
 use zbus_systemd::zbus;
 
 /// A connection to the service manager.
@@ -86,11 +86,19 @@ impl SystemdManager {
         };
         match tokio::time::timeout(JOB_TIMEOUT, wait).await {
             Ok(Some(result)) if result == "done" => Ok(()),
-            Ok(Some(result)) => Err(SystemdError::JobFailed {
-                job,
-                unit: unit.into(),
-                result,
-            }),
+            Ok(Some(result)) => {
+                let detail = self.outcome(unit).await;
+                if job != "stop" && self.comes_back(unit).await {
+                    tracing::warn!(%unit, %job, %result, %detail, "the unit failed to start, and systemd restarted it (its Restart= setting): it is active now");
+                    return Ok(());
+                }
+                Err(SystemdError::JobFailed {
+                    job,
+                    unit: unit.into(),
+                    result,
+                    detail,
+                })
+            }
             Ok(None) => Err(SystemdError::Bus {
                 call: "JobRemoved",
                 unit: unit.into(),
@@ -102,6 +110,49 @@ impl SystemdManager {
                 timeout: JOB_TIMEOUT,
             }),
         }
+    }
+
+    /// After a failed start: whether systemd restarts `unit` by itself (its `Restart=`, e.g.
+    /// containerd's `Restart=always`) and it becomes active within [`RESTART_GRACE`]
+    /// ([`UnitState::settled`]). A unit that is not restarting, or fails for good (its start
+    /// limit), is `false` at once.
+    async fn comes_back(&self, unit: &str) -> bool {
+        let Ok(states) = self.watch(unit).await else {
+            return false;
+        };
+        let mut states = std::pin::pin!(states);
+        let wait = async {
+            while let Some(state) = states.next().await {
+                if let Some(active) = state.settled() {
+                    return active;
+                }
+            }
+            false
+        };
+        tokio::time::timeout(RESTART_GRACE, wait)
+            .await
+            .unwrap_or(false)
+    }
+
+    /// How service `unit`'s last run ended ([`service_outcome`]); empty for other unit types
+    /// or when the properties cannot be read (the job's result is reported anyway).
+    async fn outcome(&self, unit: &str) -> String {
+        if !unit.ends_with(".service") {
+            return String::new();
+        }
+        let read = async {
+            let path = self.manager.load_unit(unit.to_string()).await?;
+            let service = ServiceProxy::builder(&self.conn)
+                .path(path)
+                .cache_properties(zbus::proxy::CacheProperties::No)
+                .build()
+                .await?;
+            let result: String = service.result().await?;
+            let code = service.exec_main_code().await?;
+            let status = service.exec_main_status().await?;
+            Ok::<_, zbus::Error>(service_outcome(&result, code, status))
+        };
+        read.await.unwrap_or_default()
     }
 
     /// A stream that yields the unit's state now and after every change of its `ActiveState`

@@ -14,6 +14,11 @@ use std::time::Duration;
 /// How long a start/stop/restart job may take before the agent gives up waiting.
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long a unit whose start job failed may take to come back by systemd's own `Restart=`
+/// (containerd's unit restarts after 5 s) before the failure stands: a transient failure at
+/// start (a busy machine) is not worth undoing an install for; a lasting one costs this much.
+pub const RESTART_GRACE: Duration = Duration::from_secs(30);
+
 /// Errors of unit operations.
 #[derive(Debug, thiserror::Error)]
 pub enum SystemdError {
@@ -30,7 +35,7 @@ pub enum SystemdError {
     /// A job finished with a result other than `done` (see systemd.directives `JobRemoved`):
     /// `failed`, `timeout`, `dependency`, `canceled`, `skipped`...
     #[error(
-        "systemd job {job} for {unit} finished with result {result:?}; see journalctl -u {unit}"
+        "systemd job {job} for {unit} finished with result {result:?}{detail}; see journalctl -u {unit}"
     )]
     JobFailed {
         /// `start`, `stop` or `restart`.
@@ -39,9 +44,14 @@ pub enum SystemdError {
         unit: String,
         /// The job result.
         result: String,
+        /// How a service's last run ended, from its properties ([`service_outcome`]), with a
+        /// leading `: `; empty when not a service or not known.
+        detail: String,
     },
     /// The job did not finish in time.
-    #[error("systemd job {job} for {unit} did not finish within {timeout:?}")]
+    #[error(
+        "systemd job {job} for {unit} did not finish within {timeout:?}; see journalctl -u {unit}"
+    )]
     JobTimedOut {
         /// `start`, `stop` or `restart`.
         job: &'static str,
@@ -50,6 +60,25 @@ pub enum SystemdError {
         /// The time waited.
         timeout: Duration,
     },
+}
+
+/// How a service's last run ended, in words, from its `Result`, `ExecMainCode` and
+/// `ExecMainStatus` properties (org.freedesktop.systemd1(5); `ExecMainCode` is a `CLD_*` code
+/// of waitid(2): 1 exited, 2 killed, 3 dumped core), e.g. `: its main process exited with
+/// status 1`; empty when `result` is `success` or empty.
+pub fn service_outcome(result: &str, main_code: i32, main_status: i32) -> String {
+    let process = match main_code {
+        1 => format!("its main process exited with status {main_status}"),
+        2 => format!("its main process was killed by signal {main_status}"),
+        3 => format!("its main process dumped core (signal {main_status})"),
+        _ => String::new(),
+    };
+    match (result, process.is_empty()) {
+        ("" | "success", _) => String::new(),
+        ("exit-code" | "signal" | "core-dump", false) => format!(": {process}"),
+        (other, true) => format!(": the service's result is {other}"),
+        (other, false) => format!(": the service's result is {other}; {process}"),
+    }
 }
 
 /// The state of a unit as systemd reports it (org.freedesktop.systemd1.Unit properties).
@@ -67,6 +96,17 @@ impl UnitState {
     /// Whether the unit is active (`ActiveState=active`).
     pub fn is_active(&self) -> bool {
         self.active_state == "active"
+    }
+
+    /// Where a unit that just failed a start job is headed: `Some(true)` active, `None` still
+    /// on its way (`activating`, including `auto-restart`: systemd starts it again after
+    /// `RestartSec=`), `Some(false)` anything else (`failed`, `inactive`: it stays down).
+    pub fn settled(&self) -> Option<bool> {
+        match self.active_state.as_str() {
+            "active" => Some(true),
+            "activating" => None,
+            _ => Some(false),
+        }
     }
 
     /// `ActiveState (SubState)`, e.g. `active (running)`, or `not-found` for missing units.
@@ -148,6 +188,7 @@ pub mod fake {
                     job: "start",
                     unit: unit.into(),
                     result: "failed".into(),
+                    detail: service_outcome("exit-code", 1, 1),
                 });
             }
             self.set(unit, true);
@@ -183,5 +224,51 @@ pub mod fake {
                 },
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_services_outcome_names_its_exit_status_or_signal() {
+        assert_eq!(
+            service_outcome("exit-code", 1, 1),
+            ": its main process exited with status 1"
+        );
+        assert_eq!(
+            service_outcome("signal", 2, 9),
+            ": its main process was killed by signal 9"
+        );
+        assert_eq!(
+            service_outcome("start-limit-hit", 1, 1),
+            ": the service's result is start-limit-hit; its main process exited with status 1"
+        );
+        assert_eq!(
+            service_outcome("timeout", 0, 0),
+            ": the service's result is timeout"
+        );
+        assert_eq!(service_outcome("success", 1, 0), "");
+        let state = |active: &str, sub: &str| UnitState {
+            load_state: "loaded".into(),
+            active_state: active.into(),
+            sub_state: sub.into(),
+        };
+        assert_eq!(state("activating", "auto-restart").settled(), None);
+        assert_eq!(state("activating", "start").settled(), None);
+        assert_eq!(state("active", "running").settled(), Some(true));
+        assert_eq!(state("failed", "failed").settled(), Some(false));
+        assert_eq!(state("inactive", "dead").settled(), Some(false));
+        let failed = SystemdError::JobFailed {
+            job: "restart",
+            unit: "containerd.service".into(),
+            result: "failed".into(),
+            detail: service_outcome("exit-code", 1, 1),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "systemd job restart for containerd.service finished with result \"failed\": its main process exited with status 1; see journalctl -u containerd.service"
+        );
     }
 }

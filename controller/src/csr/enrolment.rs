@@ -8,7 +8,7 @@
 //!
 //! - The same key asking again (an agent that filed a second CSR for the key it already
 //!   enrolled) is approved: the CSR's self-signature proves it holds that key.
-//! - A re-enrolment the administrator allowed ([`super::identity::consume_re_enrolment`], used up
+//! - A re-enrolment the administrator allowed ([`super::identity::claim_re_enrolment`], claimed
 //!   first) replaces the record with the new key, on the condition that the record did not
 //!   change since it was read (its `resourceVersion`).
 //! - A record with another key and no permission: refused. The record outlives the ByoHost, so

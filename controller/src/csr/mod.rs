@@ -42,7 +42,6 @@
 //! most once, so one name gets one key even when CSRs for it arrive together. A CSR they refuse
 //! gets the same Warning Event and is looked at again every minute.
 
-use byoh_api::labels;
 use futures::StreamExt as _;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
@@ -194,14 +193,16 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                     name: name.clone(),
                     source,
                 })?;
-            let used_re_enrolment = match identity::verdict(&host, &requester, &hosts, &name) {
-                identity::Verdict::Approve { used_re_enrolment } => used_re_enrolment,
-                identity::Verdict::Refuse(reason) => {
-                    refuse(&ctx, &csr, &reason).await?;
-                    // Look again: an administrator may allow re-enrolment, a Lease may expire.
-                    return Ok(Action::requeue(Duration::from_secs(60)));
-                }
-            };
+            let claim = identity::claim(&name, csr.metadata.uid.as_deref().unwrap_or("-"));
+            let used_re_enrolment =
+                match identity::verdict(&host, &requester, &hosts, &name, &claim) {
+                    identity::Verdict::Approve { used_re_enrolment } => used_re_enrolment,
+                    identity::Verdict::Refuse(reason) => {
+                        refuse(&ctx, &csr, &reason).await?;
+                        // Look again: an administrator may allow re-enrolment, a Lease may expire.
+                        return Ok(Action::requeue(Duration::from_secs(60)));
+                    }
+                };
             // A revocation outlives the ByoHost it was written on (enrolment.rs).
             let revoked = enrolment::revoked(&ctx.client, &ctx.host_lease_namespace, &host)
                 .await
@@ -224,18 +225,23 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                 publish(&ctx, &csr, EventType::Normal, MANUAL_REASON, format!("valid certificate request for host {host} from {by}; manual approval is on: check it, then run kubectl certificate approve {name}")).await?;
                 return Ok(Action::await_change());
             }
-            // Used up before the approval, on the condition that it is still there: of several
-            // CSRs for the name filed at once, only the one whose removal succeeds goes on.
+            // Claimed before the approval, on the condition that it is still `true`: of several
+            // CSRs for the name filed at once, only the one whose claim succeeds goes on.
             for namespace in &used_re_enrolment {
-                let consumed = identity::consume_re_enrolment(&ctx.client, namespace, &host)
+                let claimed = identity::claim_re_enrolment(&ctx.client, namespace, &host, &claim)
                     .await
                     .map_err(|source| CsrError::Api {
-                        action: "using up the re-enrolment permission",
+                        action: "claiming the re-enrolment permission",
                         name: name.clone(),
                         source,
                     })?;
-                if !consumed {
-                    refuse(&ctx, &csr, &format!("the one re-enrolment ByoHost {namespace}/{host} allowed was used by another CSR first (or withdrawn); annotate it with {}=true again to allow another", labels::ALLOW_RE_ENROLMENT)).await?;
+                if !claimed {
+                    refuse(
+                        &ctx,
+                        &csr,
+                        &identity::used_by_another(namespace, &host, None),
+                    )
+                    .await?;
                     return Ok(Action::requeue(Duration::from_secs(60)));
                 }
             }
@@ -281,6 +287,14 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                     source,
                 })?;
             tracing::info!(csr = %name, %host, requested_by = %by, "approved host certificate signing request");
+            // Used up. A claim left by a failure here allows nothing more: its CSR is approved.
+            for namespace in &used_re_enrolment {
+                if let Err(error) =
+                    identity::release_re_enrolment(&ctx.client, namespace, &host, &claim).await
+                {
+                    tracing::warn!(csr = %name, %host, %namespace, %error, "the used re-enrolment permission stays on the ByoHost (it allows nothing more); remove the annotation by hand");
+                }
+            }
         }
     }
     Ok(Action::await_change())
