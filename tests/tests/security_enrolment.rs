@@ -35,6 +35,22 @@ use std::time::Duration;
 /// Held by each test for its whole run: one CSR approver at a time on the control plane.
 static APPROVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Waits until ByoHost `host` no longer carries the re-enrolment permission (used up).
+async fn permission_removed(byohosts: &Api<ByoHost>, host: &str) {
+    eventually(
+        "the used re-enrolment permission removed",
+        Duration::from_secs(30),
+        || async {
+            let now = byohosts.get(host).await.ok()?;
+            (!now
+                .annotations()
+                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Files five valid CSRs for host `host` at once (each with its own key) as `client`, named
 /// `byoh-<host>-race<i>-<run>`, and waits until one at least is approved and each of the others
 /// is approved or has a Warning; asserts that exactly one was approved (`what` names the race in
@@ -183,18 +199,7 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
     .await;
     // The permission is gone once the winner is approved, so no refused racer can use it when
     // it is looked at again.
-    eventually(
-        "the re-enrolment permission removed after its use",
-        Duration::from_secs(30),
-        || async {
-            let host = byohosts.get(&offline).await.ok()?;
-            (!host
-                .annotations()
-                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
-            .then_some(())
-        },
-    )
-    .await;
+    permission_removed(&byohosts, &offline).await;
     for name in racers.iter().filter(|n| **n != winner) {
         let note = refused_with(&admin, name).await;
         assert!(
@@ -486,18 +491,7 @@ async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
         !approved(&csrs.get(&second).await.unwrap()),
         "two CSRs approved on one permission"
     );
-    eventually(
-        "the used permission removed",
-        Duration::from_secs(30),
-        || async {
-            let now = byohosts.get(&host).await.ok()?;
-            (!now
-                .annotations()
-                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
-            .then_some(())
-        },
-    )
-    .await;
+    permission_removed(&byohosts, &host).await;
 
     approver.abort();
     for name in [&first, &second] {
