@@ -12,8 +12,9 @@
 //! - a revoked host loses its Role at once, and when its ByoHost is gone it creates another
 //!   without the mark: it gets no certificate and no grant.
 //!
-//! The tests take turns ([`APPROVERS`]): each runs its own approver, and one approver's
-//! decisions must not stand in for another's.
+//! The tests on the shared control plane take turns ([`APPROVERS`]): each runs its own
+//! approver, and one approver's decisions must not stand in for another's. The failing approver
+//! has a control plane of its own: no other approver may act on its CSR.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -23,7 +24,7 @@ use byoh_controller::hostaccess::{self, HostAccessOptions};
 use byoh_controller::manifests;
 use byoh_tests::access::*;
 use byoh_tests::agent;
-use byoh_tests::control_plane::{self, TestNamespace};
+use byoh_tests::control_plane::{self, PrivateControlPlane, TestNamespace};
 use byoh_tests::csr::{annotate, approved, file, refused_with, signed, valid, warning_for};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -357,10 +358,13 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
-    let Some(admin) = control_plane::client().await else {
+    if control_plane::client().await.is_none() {
         return;
-    };
-    let _turn = APPROVERS.lock().await;
+    }
+    // On a control plane of its own: on the shared one, the full approvers other test
+    // binaries run at the same time would take the first CSR (CSRs are cluster-wide).
+    let cp = PrivateControlPlane::start().unwrap();
+    let admin = cp.client().await.unwrap();
     install_components(&admin).await.unwrap();
     let run = random_lower(6);
     // An approver with the controller's ClusterRole but, in the provider's namespace, only the
@@ -441,14 +445,14 @@ async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
     let token = agent::create_bootstrap_token(&admin, Duration::from_secs(3600))
         .await
         .unwrap();
-    let bootstrapper = token_client(&token).await.unwrap();
+    let bootstrapper = token_client_on(cp.kubeconfig(), &token).await.unwrap();
     let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
     let first = format!("byoh-{host}-first-{run}");
     file(&bootstrapper, &first, &valid(&host)).await;
     let uid = csrs.get(&first).await.unwrap().uid().unwrap();
 
     let failing = tokio::spawn(csr::run(
-        impersonating(&user, &["system:authenticated"])
+        impersonating_on(cp.kubeconfig(), &user, &["system:authenticated"])
             .await
             .unwrap(),
         CsrOptions::default(),
@@ -464,19 +468,7 @@ async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
         },
     )
     .await;
-    // It retries every 10 s and fails each time: the CSR stays pending.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    failing.abort();
-    assert!(
-        !approved(&csrs.get(&first).await.unwrap()),
-        "approved without its record"
-    );
-
     // Another holder of the token files a CSR for the name meanwhile: the claim is not its.
-    let approver = tokio::spawn(csr::run(
-        controller_client().await.unwrap(),
-        CsrOptions::default(),
-    ));
     let second = format!("byoh-{host}-second-{run}");
     file(&bootstrapper, &second, &valid(&host)).await;
     let note = refused_with(&admin, &second).await;
@@ -484,6 +476,18 @@ async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
         note.contains(&format!("used by another CSR first ({claim})")),
         "{note}"
     );
+    // It retries every 10 s and fails each time: the first CSR stays pending.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    failing.abort();
+    assert!(
+        !approved(&csrs.get(&first).await.unwrap()),
+        "approved without its record"
+    );
+
+    let approver = tokio::spawn(csr::run(
+        controller_client_on(cp.kubeconfig()).await.unwrap(),
+        CsrOptions::default(),
+    ));
     // The first CSR, looked at again by an approver that can write the record: approved, and
     // the permission removed once used.
     signed(&admin, &first).await;
@@ -494,23 +498,5 @@ async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
     permission_removed(&byohosts, &host).await;
 
     approver.abort();
-    for name in [&first, &second] {
-        let _ = csrs.delete(name, &DeleteParams::default()).await;
-    }
-    let _ = Api::<ConfigMap>::namespaced(admin.clone(), manifests::NAMESPACE)
-        .delete(
-            &csr::enrolment::record_name(&host),
-            &DeleteParams::default(),
-        )
-        .await;
-    let _ = role_bindings
-        .delete(&read_only.name_any(), &DeleteParams::default())
-        .await;
-    let _ = roles
-        .delete(&read_only.name_any(), &DeleteParams::default())
-        .await;
-    let _ = cluster_bindings
-        .delete(&read_only.name_any(), &DeleteParams::default())
-        .await;
     ns.cleanup(&admin).await.unwrap();
 }
