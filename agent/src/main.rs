@@ -106,6 +106,9 @@ fn check_config(config_path: &Path) -> Result<(), AgentError> {
         .map(|f| f.display().to_string())
         .collect();
     println!("configuration is valid ({})", files.join(", "));
+    for w in &settings.warnings {
+        println!("warning: {w}");
+    }
     if let config::Credentials::Bootstrap(p) | config::Credentials::Kubeconfig(p) =
         &settings.credentials
         && !p.exists()
@@ -184,6 +187,9 @@ fn run(
     let settings = config::load(config_path, env_overrides().with(flags))?;
     byoh_agent::logging::init(&settings.log_level);
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = ?settings.files, "byoh-agent starting");
+    for w in &settings.warnings {
+        tracing::warn!("configuration: {w}");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

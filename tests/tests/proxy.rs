@@ -12,7 +12,8 @@
 //! containerd and the kubelet run with the proxy variables and a `no_proxy` holding the claim's
 //! CIDRs, API endpoint and the host's name; after the release the files are gone, containerd
 //! runs without them and the host's file tree is as before the claim; the proxy password is in
-//! neither the agent's journal nor the ByoHost.
+//! neither the agent's journal nor the ByoHost; with the drop-in made world-readable,
+//! `check-config` warns (file, line, key; not the password).
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -412,6 +413,25 @@ async fn a_host_behind_a_proxy_installs_through_it_and_gives_it_to_containerd_an
     );
     let object = serde_json::to_string(&hosts.get(&name).await.unwrap()).unwrap();
     assert!(!object.contains(PASSWORD), "password in the ByoHost");
+
+    // The drop-in made readable by every local user (as a careless `install -m 644` would):
+    // check-config still accepts it and warns, naming the file, line and key, not the password.
+    host.run(&["chmod", "0644", "/etc/byoh/agent.toml.d/60-proxy.toml"])
+        .await
+        .unwrap();
+    let out = host.exec(&["byoh-agent", "check-config"]).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains(
+            "warning: /etc/byoh/agent.toml.d/60-proxy.toml:2: proxy.http_proxy: holds a user name or password, and the file's mode 0644 lets other local users read it; run: chmod 0600 /etc/byoh/agent.toml.d/60-proxy.toml"
+        ) && out.stdout.contains("proxy.https_proxy"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stdout.contains(PASSWORD),
+        "password in check-config's output"
+    );
 
     drop(host);
     drop(controller);

@@ -6,6 +6,7 @@
 //! types. Every problem is reported with its file, line and key, all at once; the binary exits
 //! with 78 (EX_CONFIG) on them.
 
+mod exposure;
 pub mod raw;
 
 use raw::RawConfig;
@@ -232,6 +233,10 @@ pub struct Settings {
     pub proxy: crate::proxy::ProxySettings,
     /// Config files read, in order.
     pub files: Vec<PathBuf>,
+    /// What is valid but unsafe, in the form of a problem (file, line, key, what to do):
+    /// credentials in a file other local users can read (module `exposure`). Empty from
+    /// [`Merged::validate`]; [`load`] fills it.
+    pub warnings: Vec<ConfigProblem>,
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -654,6 +659,7 @@ impl Merged {
                 no_proxy,
             },
             files: self.files,
+            warnings: Vec::new(),
         })
     }
 }
@@ -721,8 +727,9 @@ pub fn load(main: &Path, overrides: Overrides) -> Result<Settings, ConfigError> 
         }
     }
     merged.apply(overrides);
+    let warnings = exposure::credential_warnings(&merged);
     match merged.validate() {
-        Ok(s) if problems.is_empty() => Ok(s),
+        Ok(s) if problems.is_empty() => Ok(Settings { warnings, ..s }),
         Ok(_) => Err(ConfigError(problems)),
         Err(ConfigError(more)) => {
             problems.extend(more);

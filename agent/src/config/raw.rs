@@ -128,7 +128,8 @@ pub struct RawBootstrap {
 pub struct RawProxy {
     /// Proxy for `http://` URLs, `http://[user:password@]host[:port]` (or `https://`): used by the
     /// agent's downloads and apt/dnf, and given to containerd and the kubelet during a claim
-    /// (systemd drop-ins, removed at the release). The user and password are never logged.
+    /// (systemd drop-ins, removed at the release). The user and password are never logged;
+    /// in a file its group or other users can read, `check-config` and the agent's start warn.
     #[schemars(with = "Option<String>")]
     pub http_proxy: Option<Spanned<String>>,
     /// Proxy for `https://` URLs (tunnelled with HTTP CONNECT), same form as `http_proxy`.

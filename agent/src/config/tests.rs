@@ -479,3 +479,52 @@ fn a_bad_lease_namespace_is_reported_with_its_key() {
         "{err}"
     );
 }
+
+#[test]
+fn proxy_credentials_in_a_file_others_can_read_are_warned_about_without_the_password() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let main = write(dir.path(), "agent.toml", "[agent]\nlog_level = \"info\"\n");
+    let drop_in = write(
+        dir.path(),
+        "agent.toml.d/50-proxy.toml",
+        "[proxy]\nhttp_proxy = \"http://alice:s3cret@proxy.example:3128\"\nhttps_proxy = \"http://proxy.example:3128\"\n",
+    );
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    for mode in [0o644, 0o640, 0o604] {
+        chmod(&drop_in, mode);
+        let s = load(&main, Overrides::default()).unwrap();
+        // Only the URL with credentials, named by file, line and key; never the password.
+        assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+        let w = s.warnings[0].to_string();
+        assert!(
+            w.starts_with(&format!("{}:2: proxy.http_proxy: ", drop_in.display())),
+            "{w}"
+        );
+        assert!(w.contains(&format!("mode {mode:04o}")), "{w}");
+        assert!(w.contains("chmod 0600"), "{w}");
+        assert!(!w.contains("s3cret") && !w.contains("alice"), "{w}");
+    }
+    chmod(&drop_in, 0o600);
+    assert!(
+        load(&main, Overrides::default())
+            .unwrap()
+            .warnings
+            .is_empty()
+    );
+    // A world-readable file without credentials is no concern.
+    chmod(&drop_in, 0o644);
+    std::fs::write(
+        &drop_in,
+        "[proxy]\nhttp_proxy = \"http://proxy.example:3128\"\n",
+    )
+    .unwrap();
+    assert!(
+        load(&main, Overrides::default())
+            .unwrap()
+            .warnings
+            .is_empty()
+    );
+}
