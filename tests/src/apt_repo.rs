@@ -242,3 +242,58 @@ pub fn kubernetes(version: &str, bin_dir: &Path, cni_tgz: &Path) -> anyhow::Resu
         cni,
     ])
 }
+
+/// [`flat_repository`] of [`kubernetes`]`(package_version, artifacts, artifacts/cni-plugins.tgz)`
+/// (`artifacts`: a directory staged by `tests/control-plane/artifacts`), made once per content
+/// of the artifacts and kept beside them in `mirror-<package_version>-<digest>/` (the digest of
+/// their `SHA256SUMS`, so rebuilt binaries get a repository of their own): every Cluster API bed
+/// serves the same packages, and building them (dpkg-deb, dpkg-scanpackages over ~500 MB) cost
+/// CPU seconds at each bed's start (issue 35). Made beside the cache and renamed into place, as
+/// beds start side by side.
+///
+/// Errors when the packages cannot be built or the cache cannot be read or written.
+pub fn kubernetes_repository(
+    package_version: &str,
+    artifacts: &Path,
+) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    const LIST: &str = "files.list";
+    let sums = std::fs::read(artifacts.join("SHA256SUMS"))
+        .with_context(|| format!("reading {}/SHA256SUMS", artifacts.display()))?;
+    let digest = crate::http::sha256(&sums)?;
+    let cache = artifacts.join(format!(
+        "mirror-{package_version}-{}",
+        &digest[..digest.len().min(16)]
+    ));
+    if let Ok(list) = std::fs::read_to_string(cache.join(LIST)) {
+        return list
+            .lines()
+            .map(|path| {
+                let body = std::fs::read(cache.join(path.trim_start_matches('/')))
+                    .with_context(|| format!("reading {path} from {}", cache.display()))?;
+                Ok((path.to_string(), body))
+            })
+            .collect();
+    }
+    let packages = kubernetes(
+        package_version,
+        artifacts,
+        &artifacts.join("cni-plugins.tgz"),
+    )?;
+    let files = flat_repository(&packages)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".mirror-")
+        .tempdir_in(artifacts)?;
+    let mut list = String::new();
+    for (path, body) in &files {
+        std::fs::write(tmp.path().join(path.trim_start_matches('/')), body)?;
+        list.push_str(path);
+        list.push('\n');
+    }
+    std::fs::write(tmp.path().join(LIST), list)?;
+    let made = tmp.keep();
+    if std::fs::rename(&made, &cache).is_err() {
+        // Another bed put its copy there first.
+        let _ = std::fs::remove_dir_all(&made);
+    }
+    Ok(files)
+}

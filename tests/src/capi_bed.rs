@@ -330,12 +330,7 @@ impl PackageMirror {
         ] {
             let minor =
                 byoh_api::installer_version::minor_of(version).context("a Kubernetes version")?;
-            let packages = apt_repo::kubernetes(
-                package_version,
-                &artifacts,
-                &artifacts.join("cni-plugins.tgz"),
-            )?;
-            let mut repo = apt_repo::flat_repository(&packages)?;
+            let mut repo = apt_repo::kubernetes_repository(package_version, &artifacts)?;
             let signed = key.clearsign(apt_repo::release_of(&repo)?)?;
             repo.push(("/InRelease".into(), signed));
             files.extend(
