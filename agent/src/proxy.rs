@@ -83,10 +83,15 @@ impl ProxySettings {
     }
 }
 
+/// Whether `url` carries a user name or password (`http://user:password@proxy:3128`).
+pub fn has_credentials(url: &Url) -> bool {
+    !url.username().is_empty() || url.password().is_some()
+}
+
 /// `url` for logs, errors and status: the password (and user name) replaced by `***`.
 pub fn redact(url: &Url) -> String {
     let mut u = url.clone();
-    if !u.username().is_empty() || u.password().is_some() {
+    if has_credentials(&u) {
         let _ = u.set_username("***");
         let _ = u.set_password(None);
     }

@@ -32,8 +32,7 @@ fn warning(key: &str, value: &Sourced<String>) -> Option<ConfigProblem> {
     let Origin::File { path, .. } = &value.origin else {
         return None;
     };
-    let url = reqwest::Url::parse(&value.value).ok()?;
-    if url.username().is_empty() && url.password().is_none() {
+    if !crate::proxy::has_credentials(&reqwest::Url::parse(&value.value).ok()?) {
         return None;
     }
     let mode = mode_of(path)?;
