@@ -54,8 +54,8 @@
 //! the ClusterClass added by `clusterctl generate`): created, Available with the same checks.
 //! Upgraded to v1.37.2 by docs/upgrades.md's ClusterClass blocks (`spec.topology.version`, then
 //! a `kubectl wait` for the workers), with the same checks as the first test's upgrade (the
-//! topology controller orders control plane, then workers), while the second management cluster
-//! starts. Then `clusterctl move` of that
+//! topology controller orders control plane, then workers); the second management cluster
+//! starts once the control plane is upgraded (one heavy phase at a time: [`HEAVY`]). Then `clusterctl move` of that
 //! running cluster to a second management cluster ([`TargetManagement`]): nothing of the
 //! namespace left on the source, every ByoHost on the target with the same claims; the hosts
 //! follow by the page's procedure (each ByoHost allowed one enrolment, the target's bootstrap
@@ -111,6 +111,16 @@ const CLUSTER: &str = "demo";
 const TOPOLOGY_CLUSTER: &str = "demo2";
 /// How long a paused cluster is watched for a claim or a release that must not happen.
 const PAUSE_WINDOW: Duration = Duration::from_secs(20);
+
+/// Held for the heaviest, most fragile phases of the two tests, one at a time in this process:
+/// a control-plane upgrade (from the version's change until the old host is released: the
+/// workload's etcd has two members then, and either one starved of CPU for a second or two
+/// costs both their quorum) and the second management cluster's start. The two tests run side
+/// by side, beside capi_remediation's bed, on a 2-core machine: in the CI run of ea6937f both
+/// tests upgraded at once, one beside that start, and neither workload API server recovered
+/// (etcd without a quorum, each kube-apiserver restarted by its liveness probe, TLS handshakes
+/// to it timing out).
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Applies the cluster generated with `flavor` (the default one when `None`) and follows it
 /// until Cluster API reports it Available. With `page`, the cluster is `<name>.yaml` in its
@@ -803,9 +813,11 @@ async fn lifecycle(bed: &CapiBed) -> anyhow::Result<()> {
     // while the test follows the rollout and stands in for kube-vip); the old control-plane
     // host, reset, then takes the upgraded worker.
     let mut upgrade = Page::of(bed, UPGRADE_PAGE, UPGRADE_SECTION)?;
+    let heavy = HEAVY.lock().await;
     upgrade.run("patch kubeadmcontrolplane")?;
     let waited = run_beside(&mut upgrade, "get kubeadmcontrolplane")?;
     let old_cp = follow_control_plane_upgrade(&c, &free).await?;
+    drop(heavy);
     eprintln!("{}", waited.await??);
     let waited = run_beside(&mut upgrade, "patch machinedeployment")?;
     follow_worker_upgrade(&c, &worker, &old_cp).await?;
@@ -831,24 +843,31 @@ async fn clusterclass_and_move(
         <[String; 1]>::try_from(topology.wait_workers(1, Duration::from_secs(60)).await?)
             .map_err(|w| anyhow::anyhow!("workers on {w:?}, want one"))?;
     // Upgraded by docs/upgrades.md's ClusterClass blocks (one field; the page's wait runs while
-    // the test follows the control plane, standing in for kube-vip, then the workers), while
-    // the second management cluster starts beside it.
+    // the test follows the control plane, standing in for kube-vip, then the workers); the
+    // second management cluster starts once the control plane is upgraded, beside the workers'
+    // upgrade ([`HEAVY`]: not beside a control-plane upgrade).
     let mut upgrade = Page::of(bed, UPGRADE_PAGE, TOPOLOGY_UPGRADE_SECTION)?;
+    let heavy = HEAVY.lock().await;
     let upgraded = async {
         upgrade.run("\"topology\"")?;
         let waited = run_beside(&mut upgrade, "get machinedeployment")?;
-        let old_cp = follow_control_plane_upgrade(&topology, &free).await?;
-        follow_worker_upgrade(&topology, &worker, &old_cp).await?;
+        let old_cp = follow_control_plane_upgrade(&topology, &free).await;
+        drop(heavy);
+        follow_worker_upgrade(&topology, &worker, &old_cp?).await?;
         eprintln!("{}", waited.await??);
         upgrade.script.finish()
     };
     // Moved to a second management cluster, it is deleted there. BYOH goes on it by the page's
     // `clusterctl init`, which finds Cluster API there and cert-manager's API answering.
-    let started = TargetManagement::start(bed, |kubeconfig| {
-        std::fs::copy(kubeconfig, page.ws.dir.join("target.kubeconfig"))?;
-        page.run("clusterctl init --kubeconfig target.kubeconfig")?;
-        Ok(())
-    });
+    let started = async {
+        let _heavy = HEAVY.lock().await;
+        TargetManagement::start(bed, |kubeconfig| {
+            std::fs::copy(kubeconfig, page.ws.dir.join("target.kubeconfig"))?;
+            page.run("clusterctl init --kubeconfig target.kubeconfig")?;
+            Ok(())
+        })
+        .await
+    };
     let (upgraded, started) = tokio::join!(upgraded, started);
     let t = target.insert(started?);
     upgraded?;
