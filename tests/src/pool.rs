@@ -165,21 +165,16 @@ pub async fn bootstrap_kubeconfig(
 }
 
 /// The last 150 lines of the journals of the agent, the kubelet and containerd on each host, for
-/// failure reports.
+/// failure reports ([`crate::hosts::journal_tail`]).
 pub async fn journals(hosts: &[Host]) -> String {
     let mut out = String::new();
     for host in hosts {
         for unit in ["byoh-agent", "kubelet", "containerd"] {
             let j = host
                 .exec(&[
-                    "journalctl",
-                    "--no-pager",
-                    "-o",
-                    "short-precise",
-                    "-n",
-                    "150",
-                    "-u",
-                    unit,
+                    "sh",
+                    "-c",
+                    &crate::hosts::journal_tail(&format!("-u {unit}"), 150),
                 ])
                 .await
                 .map(|o| o.stdout)
