@@ -107,6 +107,46 @@ mounts_under() {
   awk -v d="$1" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/mounts | sort -r
 }
 
+# host_cgroups NAME create|remove: the cgroups of a --containers host, one per cgroup hierarchy
+# of this machine (/sys/fs/cgroup/*: the v1 controllers, name=systemd, the unified one), each
+# byoh-host-NAME below the caller's own cgroup there. create: makes them (cpuset's CPUs and
+# memory nodes copied from its parent, which an empty cpuset refuses tasks without), records them
+# in HOSTS_DIR/NAME/cgroups and prints them, one a line. remove: removes those recorded, deepest
+# first (what the host's systemd, kubelet and runc left in them), once no process is in them;
+# a cgroup still in use is left.
+host_cgroups() {
+  local name=$1 action=$2 list=$HOSTS_DIR/$1/cgroups h key own cg
+  case $action in
+    create)
+      : >"$list"
+      for h in /sys/fs/cgroup/*/; do
+        h=${h%/}
+        [[ -e $h/cgroup.procs ]] || continue
+        case ${h##*/} in
+          unified) key= ;;
+          systemd) key=name=systemd ;;
+          *) key=${h##*/} ;;
+        esac
+        own=$(awk -F: -v k="$key" '{ n = split($2, c, ","); for (i = 1; i <= n; i++) if (c[i] == k) { print $3; exit } ; if ($2 == k) { print $3; exit } }' /proc/self/cgroup)
+        cg=$h${own%/}/byoh-host-$name
+        mkdir -p "$cg"
+        if [[ -e $cg/cpuset.cpus && -z $(<"$cg/cpuset.cpus") ]]; then
+          cat "${cg%/*}/cpuset.cpus" >"$cg/cpuset.cpus"
+          cat "${cg%/*}/cpuset.mems" >"$cg/cpuset.mems"
+        fi
+        echo "$cg" | tee -a "$list"
+      done
+      ;;
+    remove)
+      [[ -f $list ]] || return 0
+      while IFS= read -r cg; do
+        [[ -d $cg ]] || continue
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      done <"$list"
+      ;;
+  esac
+}
+
 # allocate_address DIR: the lowest address of NET_PREFIX.10-199 that no other host's STATE/address
 # holds, recorded in DIR/address (under a lock: concurrent boots get different addresses).
 allocate_address() {
