@@ -673,18 +673,6 @@ impl Host {
     }
 }
 
-/// A shell command printing the last `lines` lines of a host's journal (`journalctl` arguments
-/// `args`, e.g. `-u kubelet`) without the kubelet's attempts, every 2 s, to remove the pod
-/// cgroups of the other hosts' kubelets: the hosts share this machine's cgroup v1 hierarchies, and
-/// on a bed of three clusters those lines were most of a failed test's journal tails.
-pub fn journal_tail(args: &str, lines: usize) -> String {
-    format!(
-        "journalctl --no-pager -o short-precise -n {} {args} \
-         | grep -v -e 'Failed to delete cgroup paths' -e 'orphaned pod cgroup' | tail -n {lines}",
-        lines * 20
-    )
-}
-
 impl Host {
     /// Writes the last [`JOURNAL_TAIL_LINES`] lines of the host's journal to the test's
     /// standard error (not captured by the test harness), for a test that failed: what the
@@ -692,8 +680,16 @@ impl Host {
     fn print_journal_tail(&self) {
         let lines = JOURNAL_TAIL_LINES.to_string();
         let out = std::process::Command::new(scripts_dir().join("exec"))
-            .args([&self.name, "--", "sh", "-c"])
-            .arg(journal_tail("", JOURNAL_TAIL_LINES))
+            .args([
+                &self.name,
+                "--",
+                "journalctl",
+                "--no-pager",
+                "-o",
+                "short-precise",
+                "-n",
+            ])
+            .arg(&lines)
             .stdin(Stdio::null())
             .output();
         let text = match out {

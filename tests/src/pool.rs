@@ -165,16 +165,21 @@ pub async fn bootstrap_kubeconfig(
 }
 
 /// The last 150 lines of the journals of the agent, the kubelet and containerd on each host, for
-/// failure reports ([`crate::hosts::journal_tail`]).
+/// failure reports.
 pub async fn journals(hosts: &[Host]) -> String {
     let mut out = String::new();
     for host in hosts {
         for unit in ["byoh-agent", "kubelet", "containerd"] {
             let j = host
                 .exec(&[
-                    "sh",
-                    "-c",
-                    &crate::hosts::journal_tail(&format!("-u {unit}"), 150),
+                    "journalctl",
+                    "--no-pager",
+                    "-o",
+                    "short-precise",
+                    "-n",
+                    "150",
+                    "-u",
+                    unit,
                 ])
                 .await
                 .map(|o| o.stdout)
