@@ -87,11 +87,16 @@ async fn provisioned(
     agent::wait_phase(&hosts, host.name(), "Provisioned", Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(
-        kubelet_starts(&host).await,
-        1,
-        "kubeadm join starts the kubelet"
-    );
+    // `systemctl restart` returns once the stand-in's process is forked: its start line may be
+    // written a moment after the agent reports Provisioned (CI's warm run of 464e33f read 0).
+    let starts = wait_for(
+        "the stand-in kubelet to record its start",
+        Duration::from_secs(30),
+        || async { Ok(Some(kubelet_starts(&host).await).filter(|n| *n > 0)) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(starts, 1, "kubeadm join starts the kubelet");
     assert_eq!(kubelet_active(&host).await, "active");
     Some((client, ns, host, hosts))
 }
