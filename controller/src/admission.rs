@@ -39,16 +39,26 @@
 //!   (`topology.IsDryRunRequest`: both, never the annotation alone, which anyone who may update
 //!   a template can add).
 //!
+//! - [`REVOKED_POLICY`]: a host whose name is revoked may write nothing at all (every resource
+//!   and subresource, every operation, `CONNECT` included): its Lease, its ByoHost, Events, a
+//!   renewal CSR. The policy's parameters are the enrolment records labelled
+//!   [`labels::REVOKED`]`=true` in the provider's namespace ([`crate::csr::enrolment::revoke`]
+//!   labels them), one evaluation per revoked name, so the certificate a revoked host still holds
+//!   until it expires writes nothing; its reads end with the Role the host-access reconciler takes
+//!   back at once. No revoked name: no parameter, nothing refused.
+//!
 //! Each policy has a binding of the same name with `validationActions: [Deny]`. The policies
 //! match host users by name, so the controller's own ServiceAccount (whatever namespace it runs
 //! in) and human admins are never restricted by the host rules.
 
+use crate::csr::enrolment;
 use byoh_api::labels;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
-    ValidatingAdmissionPolicySpec, Validation, Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 
 /// Name of the ByoHost policy and its binding.
@@ -59,6 +69,8 @@ pub const LEASE_POLICY: &str = "byoh-host-lease-restriction";
 pub const TEMPLATE_POLICY: &str = "byoh-template-immutability";
 /// Name of the Event policy and its binding.
 pub const EVENT_POLICY: &str = "byoh-host-event-restriction";
+/// Name of the revoked-host policy and its binding.
+pub const REVOKED_POLICY: &str = "byoh-revoked-host";
 
 /// CEL: the request's namespace is a host pool: labelled [`labels::HOST_POOL`]`=true` by an
 /// administrator and not one of [`labels::RESERVED_NAMESPACES`].
@@ -459,14 +471,61 @@ pub fn template_policy() -> ValidatingAdmissionPolicy {
     )
 }
 
-/// The binding (same name, `validationActions: [Deny]`, all matched resources) of `policy`.
+/// The revoked-host policy (see the module documentation). Its parameters are ConfigMaps; its
+/// binding ([`binding`]) selects the revoked enrolment records.
+pub fn revoked_policy() -> ValidatingAdmissionPolicy {
+    let mut p = policy(
+        REVOKED_POLICY,
+        // `*/*`: every resource and every subresource (the API server allows nothing beside it).
+        vec![rule("*", "*", &["*/*"], &["*"])],
+        host_condition(),
+        vec![Variable {
+            name: "hostName".into(),
+            expression: HOST_NAME.into(),
+        }],
+        vec![validation(
+            &format!(
+                "params.metadata.name != '{}' + variables.hostName",
+                enrolment::RECORD_PREFIX
+            ),
+            &format!(
+                "this host is revoked (its enrolment record {}<host name> in namespace {} says revoked=true): it may write nothing; an administrator deletes that record to bring the name back",
+                enrolment::RECORD_PREFIX,
+                labels::DEFAULT_HOST_LEASE_NAMESPACE
+            ),
+            "Forbidden",
+        )],
+    );
+    if let Some(spec) = p.spec.as_mut() {
+        spec.param_kind = Some(ParamKind {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+        });
+    }
+    p
+}
+
+/// The binding (same name, `validationActions: [Deny]`, all matched resources) of `policy`. A
+/// policy with parameters ([`revoked_policy`]) gets the revoked enrolment records of the
+/// provider's namespace ([`labels::DEFAULT_HOST_LEASE_NAMESPACE`]) as parameters, and none is
+/// no refusal (`parameterNotFoundAction: Allow`).
 pub fn binding(policy: &ValidatingAdmissionPolicy) -> ValidatingAdmissionPolicyBinding {
     let name = policy.metadata.name.clone().unwrap_or_default();
+    let has_params = policy.spec.as_ref().is_some_and(|s| s.param_kind.is_some());
     ValidatingAdmissionPolicyBinding {
         metadata: meta(&name),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
             policy_name: Some(name),
             validation_actions: strings(&["Deny"]),
+            param_ref: has_params.then(|| ParamRef {
+                namespace: Some(labels::DEFAULT_HOST_LEASE_NAMESPACE.into()),
+                selector: Some(LabelSelector {
+                    match_labels: Some([(labels::REVOKED.to_string(), "true".to_string())].into()),
+                    ..Default::default()
+                }),
+                parameter_not_found_action: Some("Allow".into()),
+                name: None,
+            }),
             ..Default::default()
         }),
     }
@@ -479,6 +538,7 @@ pub fn policies() -> Vec<ValidatingAdmissionPolicy> {
         lease_policy(),
         event_policy(),
         template_policy(),
+        revoked_policy(),
     ]
 }
 
@@ -559,6 +619,26 @@ mod tests {
         let mut want: Vec<String> = SPEC_FIELDS.iter().map(|s| s.to_string()).collect();
         want.sort();
         assert_eq!(have, want);
+    }
+
+    #[test]
+    fn only_the_revoked_policy_takes_parameters_the_revoked_records() {
+        for p in policies() {
+            let name = p.metadata.name.clone().unwrap();
+            let takes = p.spec.as_ref().unwrap().param_kind.is_some();
+            let param_ref = binding(&p).spec.unwrap().param_ref;
+            assert_eq!(takes, name == REVOKED_POLICY, "{name}");
+            assert_eq!(param_ref.is_some(), takes, "{name}");
+        }
+        let param_ref = binding(&revoked_policy()).spec.unwrap().param_ref.unwrap();
+        assert_eq!(
+            param_ref.parameter_not_found_action.as_deref(),
+            Some("Allow")
+        );
+        assert_eq!(
+            param_ref.selector.unwrap().match_labels.unwrap()[labels::REVOKED],
+            "true"
+        );
     }
 
     #[test]

@@ -80,6 +80,11 @@ pub struct RunArgs {
     /// The longest hold of `--bootstrap-failure-backoff`, whatever the count (humantime).
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     pub bootstrap_failure_backoff_max: Duration,
+    /// How long the annotation `byoh.infrastructure.cluster.x-k8s.io/allow-re-enrolment=true`
+    /// allows one enrolment of a registered host's name after it was set (humantime); past
+    /// it, it allows nothing and is removed.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub re_enrolment_window: Duration,
 }
 
 impl RunArgs {
@@ -127,6 +132,7 @@ mod tests {
             ),
             (Duration::from_secs(300), Duration::from_secs(3600))
         );
+        assert_eq!(args.re_enrolment_window, Duration::from_secs(3600));
         assert!(args.leader_elect);
         assert_eq!(
             args.metrics_socket().unwrap(),

@@ -61,6 +61,9 @@ pub struct Settings {
     pub host_lease_namespace: String,
     /// How long hosts are held back after failed bootstraps.
     pub bootstrap_backoff: crate::bootstrap_failures::BackOff,
+    /// How long an administrator's re-enrolment permission allows one enrolment after it was
+    /// set ([`crate::csr::CsrOptions::re_enrolment_window`]).
+    pub re_enrolment_window: Duration,
 }
 
 impl Default for Settings {
@@ -76,6 +79,7 @@ impl Default for Settings {
             manual_csr_approval: false,
             host_lease_namespace: byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE.into(),
             bootstrap_backoff: Default::default(),
+            re_enrolment_window: crate::csr::DEFAULT_RE_ENROLMENT_WINDOW,
         }
     }
 }

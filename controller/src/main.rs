@@ -46,6 +46,7 @@ fn run(args: byoh_controller::cli::RunArgs) -> anyhow::Result<()> {
             base: args.bootstrap_failure_backoff,
             max: args.bootstrap_failure_backoff_max,
         },
+        re_enrolment_window: args.re_enrolment_window,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -131,6 +131,11 @@ pub const COMPONENT_VARIABLES: &[(&str, &str, &str)] = &[
         "1h",
         "the longest such hold",
     ),
+    (
+        "BYOH_RE_ENROLMENT_WINDOW",
+        "1h",
+        "how long an allow-re-enrolment=true annotation allows one enrolment after it was set",
+    ),
 ];
 
 /// Cluster-template variables (`templates/cluster-template*.yaml`).
@@ -440,6 +445,7 @@ pub fn deployment() -> Deployment {
             format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
             "--bootstrap-failure-backoff=${BYOH_BOOTSTRAP_FAILURE_BACKOFF:=5m}".into(),
             "--bootstrap-failure-backoff-max=${BYOH_BOOTSTRAP_FAILURE_BACKOFF_MAX:=1h}".into(),
+            "--re-enrolment-window=${BYOH_RE_ENROLMENT_WINDOW:=1h}".into(),
         ]),
         env: Some(vec![
             EnvVar {

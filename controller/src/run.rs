@@ -267,6 +267,7 @@ async fn run_controllers(
             manual: ctx.settings.manual_csr_approval,
             instance: Some(identity),
             host_lease_namespace: ctx.settings.host_lease_namespace.clone(),
+            re_enrolment_window: ctx.settings.re_enrolment_window,
         },
     );
     let bootstrap_kubeconfigs = crate::bootstrapkubeconfig::run(

@@ -67,7 +67,14 @@ pub async fn controller_client_on(kubeconfig: &std::path::Path) -> anyhow::Resul
 /// A client acting as host `name` (user `byoh:host:<name>`, group `byoh:hosts`), as its
 /// certificate would.
 pub async fn host_client(name: &str) -> anyhow::Result<Client> {
-    impersonating(
+    let path = control_plane::kubeconfig_path().context("no test control plane")?;
+    host_client_on(&path, name).await
+}
+
+/// [`host_client`] on the control plane whose admin kubeconfig is `kubeconfig`.
+pub async fn host_client_on(kubeconfig: &std::path::Path, name: &str) -> anyhow::Result<Client> {
+    impersonating_on(
+        kubeconfig,
         &format!("byoh:host:{name}"),
         &["byoh:hosts", "system:authenticated"],
     )
@@ -93,10 +100,19 @@ pub async fn token_client_on(kubeconfig: &std::path::Path, token: &str) -> anyho
 
 /// A client with client certificate `cert_pem` and key `key_pem`.
 pub async fn cert_client(cert_pem: &[u8], key_pem: &str) -> anyhow::Result<Client> {
+    let path = control_plane::kubeconfig_path().context("no test control plane")?;
+    cert_client_on(&path, cert_pem, key_pem).await
+}
+
+/// [`cert_client`] against the control plane whose admin kubeconfig is `kubeconfig`.
+pub async fn cert_client_on(
+    kubeconfig: &std::path::Path,
+    cert_pem: &[u8],
+    key_pem: &str,
+) -> anyhow::Result<Client> {
     use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let path = control_plane::kubeconfig_path().context("no test control plane")?;
-    let mut kc = kube::config::Kubeconfig::read_from(&path)?;
+    let mut kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
     for named in &mut kc.auth_infos {
         let auth = named.auth_info.get_or_insert_default();
         *auth = kube::config::AuthInfo {

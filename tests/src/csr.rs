@@ -154,28 +154,49 @@ pub async fn warning_for(admin: &Client, csr: &str) -> Option<String> {
 }
 
 /// The certificate the signer issued for CSR `name`, once it did (within 60 s); panics if the
-/// CSR was denied or failed.
+/// CSR was denied or failed, or on time-out with its conditions and the approver's Warning (so
+/// a failure says whether the approver refused it or the signer did not sign).
 pub async fn signed(admin: &Client, name: &str) -> Vec<u8> {
     let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
-    eventually(
-        &format!("CSR {name} approved and signed"),
-        Duration::from_secs(60),
-        || async {
-            let c = csrs.get(name).await.ok()?;
-            assert!(
-                !c.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs
-                        .iter()
-                        .any(|c| c.type_ == "Denied" || c.type_ == "Failed")),
-                "{name} denied or failed: {:?}",
-                c.status
-            );
-            c.status?.certificate.map(|b| b.0).filter(|b| !b.is_empty())
-        },
-    )
-    .await
+    let waited = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Some(certificate) = issued(&csrs, name).await {
+                return certificate;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    match waited {
+        Ok(certificate) => certificate,
+        Err(_) => {
+            let conditions = csrs
+                .get(name)
+                .await
+                .map(|c| format!("{:?}", c.status.and_then(|s| s.conditions)));
+            panic!(
+                "timed out after 60s waiting for CSR {name} approved and signed; its conditions: {conditions:?}; the approver's Warning: {:?}",
+                warning_for(admin, name).await
+            )
+        }
+    }
+}
+
+/// The certificate issued for CSR `name`, if there is one yet; panics if it was denied or
+/// failed.
+async fn issued(csrs: &Api<CertificateSigningRequest>, name: &str) -> Option<Vec<u8>> {
+    let c = csrs.get(name).await.ok()?;
+    assert!(
+        !c.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs
+                .iter()
+                .any(|c| c.type_ == "Denied" || c.type_ == "Failed")),
+        "{name} denied or failed: {:?}",
+        c.status
+    );
+    c.status?.certificate.map(|b| b.0).filter(|b| !b.is_empty())
 }
 
 /// The note of the Warning that the approver published on CSR `name`, once it did; asserts the
@@ -206,4 +227,23 @@ pub async fn annotate(byohosts: &Api<ByoHost>, name: &str, key: &str, value: &st
         )
         .await
         .unwrap_or_else(|e| panic!("annotating ByoHost {name} with {key}: {e}"));
+}
+
+/// Waits (30 s at most) until ByoHost `host` no longer carries the re-enrolment permission
+/// (used up, or expired and withdrawn); panics on time-out.
+pub async fn permission_removed(byohosts: &Api<ByoHost>, host: &str) {
+    eventually(
+        "the re-enrolment permission removed",
+        Duration::from_secs(30),
+        || async {
+            let now = byohosts.get(host).await.ok()?;
+            (!now
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT)))
+            .then_some(())
+        },
+    )
+    .await;
 }

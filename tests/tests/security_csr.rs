@@ -1,11 +1,14 @@
 //! The CSR approver on the real API server, running in-process as the controller's
-//! ServiceAccount (so the generated RBAC is what it has): forged CSRs filed by a bootstrap
+//! ServiceAccount (so the generated RBAC is what it has), on a control plane of its own (so no
+//! other test's approver decides in its place): forged CSRs filed by a bootstrap
 //! token, by hosts and by an admin stay pending with a Warning Event naming the broken rule;
 //! the agent-shaped CSR is approved and signed, and the certificate authenticates as the host;
 //! the host renews with its own certificate. PEM/DER forgeries that the API server and the signer
 //! read differently from a lenient parser (a malformed first block hiding a second one, headers,
 //! text around the block, other encodings) stay pending; one of them, approved by hand, shows that
-//! the signer would have issued the hidden block's `O=kubeadm:cluster-admins`. Every certificate
+//! the signer would have issued the hidden block's `O=kubeadm:cluster-admins`.
+//! An administrator's re-enrolment permission allows one enrolment within the approver's
+//! window; one left unused past it allows nothing and is removed. Every certificate
 //! the signer issues in this suite is compared with what the approver checked.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
@@ -13,37 +16,47 @@
 use byoh_api::ByoHost;
 use byoh_controller::csr::{self, CsrOptions};
 use byoh_tests::access::*;
+use byoh_tests::agent;
 use byoh_tests::control_plane::{PrivateControlPlane, TestNamespace};
 use byoh_tests::csr::{
-    Forge, annotate, approved, file, file_text, refused_with, request, signed, valid, warning_for,
+    Forge, annotate, approved, file, file_text, permission_removed, refused_with, request, signed,
+    valid, warning_for,
 };
-use byoh_tests::{agent, control_plane};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::{Client, ResourceExt as _};
 use std::time::Duration;
+
+/// The approver's `--re-enrolment-window` in this test: longer than an approval takes, short
+/// enough to wait out.
+const RE_ENROLMENT_WINDOW: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved() {
-    let Some(admin) = control_plane::client().await else {
-        return;
-    };
-    install_components(&admin).await.unwrap();
     manual_approval_leaves_valid_csrs_pending().await;
+    // A control plane of its own: no other test's approver may decide for this one.
+    let cp = PrivateControlPlane::start().unwrap();
+    let admin = cp.client().await.unwrap();
+    install_components(&admin).await.unwrap();
     let approver = tokio::spawn(csr::run(
-        controller_client().await.unwrap(),
-        CsrOptions::default(),
+        controller_client_on(cp.kubeconfig()).await.unwrap(),
+        CsrOptions {
+            re_enrolment_window: RE_ENROLMENT_WINDOW,
+            ..CsrOptions::default()
+        },
     ));
 
     let token = agent::create_bootstrap_token(&admin, Duration::from_secs(3600))
         .await
         .unwrap();
-    let bootstrapper = token_client(&token).await.unwrap();
+    let bootstrapper = token_client_on(cp.kubeconfig(), &token).await.unwrap();
     let run = random_lower(6);
     let host = format!("sec-{run}");
-    let other_host = host_client(&format!("other-{run}")).await.unwrap();
+    let other_host = host_client_on(cp.kubeconfig(), &format!("other-{run}"))
+        .await
+        .unwrap();
     let v = || valid(&host);
 
     use rcgen::SanType;
@@ -195,7 +208,7 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
     let (valid_request, key) = file(&bootstrapper, &valid_name, &v()).await;
     let cert = signed(&admin, &valid_name).await;
     assert_signed_as_checked(&cert, &valid_request, &host);
-    let as_host = cert_client(&cert, &key).await.unwrap();
+    let as_host = cert_client_on(cp.kubeconfig(), &cert, &key).await.unwrap();
     let (user, groups) = whoami(&as_host).await.unwrap();
     assert_eq!(user, format!("byoh:host:{host}"));
     assert!(groups.iter().any(|g| g == "byoh:hosts"), "{groups:?}");
@@ -203,6 +216,24 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
     let ns = TestNamespace::create(&admin, "csr-identity").await.unwrap();
     let byohosts = Api::<ByoHost>::namespaced(admin.clone(), ns.name());
     let csrs = Api::<CertificateSigningRequest>::all(admin.clone());
+
+    // A re-enrolment permission given now and left unused past the window (looked at below).
+    let stale = format!("stale-{run}");
+    byohosts
+        .create(
+            &PostParams::default(),
+            &ByoHost::new(&stale, Default::default()),
+        )
+        .await
+        .unwrap();
+    annotate(
+        &byohosts,
+        &stale,
+        byoh_api::labels::ALLOW_RE_ENROLMENT,
+        "true",
+    )
+    .await;
+    let stale_since = tokio::time::Instant::now();
 
     // Renewal needs the host's ByoHost: without one (never registered, or deleted by an
     // administrator, which revokes the identity) it stays pending.
@@ -295,27 +326,20 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
 
     // An administrator allows one re-enrolment (the machine was reinstalled): approved, and the
     // permission is used up.
-    annotate(
-        &byohosts,
-        &offline,
-        byoh_api::labels::ALLOW_RE_ENROLMENT,
-        "true",
-    )
-    .await;
+    let allowed_enrolment = async |host: &str, csr: &str| {
+        annotate(
+            &byohosts,
+            host,
+            byoh_api::labels::ALLOW_RE_ENROLMENT,
+            "true",
+        )
+        .await;
+        let (request_pem, _) = file(&bootstrapper, csr, &valid(host)).await;
+        assert_signed_as_checked(&signed(&admin, csr).await, &request_pem, host);
+        permission_removed(&byohosts, host).await;
+    };
     let re_enrolment = format!("byoh-{offline}-again-{run}");
-    let (request_pem, _) = file(&bootstrapper, &re_enrolment, &valid(&offline)).await;
-    assert_signed_as_checked(&signed(&admin, &re_enrolment).await, &request_pem, &offline);
-    eventually(
-        "the re-enrolment permission removed",
-        Duration::from_secs(30),
-        || async {
-            let h = byohosts.get(&offline).await.ok()?;
-            (!h.annotations()
-                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
-            .then_some(())
-        },
-    )
-    .await;
+    allowed_enrolment(&offline, &re_enrolment).await;
     let second = format!("byoh-{offline}-twice-{run}");
     file(&bootstrapper, &second, &valid(&offline)).await;
     assert!(
@@ -324,6 +348,18 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
             .contains("already registered")
     );
     names.push(second);
+
+    // A permission older than the approver's window allows nothing and is removed; the
+    // administrator's new one (a new time on the annotation) allows one enrolment.
+    tokio::time::sleep_until(stale_since + RE_ENROLMENT_WINDOW + Duration::from_secs(1)).await;
+    let late = format!("byoh-{stale}-late-{run}");
+    file(&bootstrapper, &late, &valid(&stale)).await;
+    let note = refused_with(&admin, &late).await;
+    assert!(note.contains("has expired"), "{note}");
+    permission_removed(&byohosts, &stale).await;
+    names.push(late);
+    let in_time = format!("byoh-{stale}-in-time-{run}");
+    allowed_enrolment(&stale, &in_time).await;
 
     // Every forged CSR got its Warning naming the broken rule, and none is approved.
     for ((what, _, _, expected), name) in forged.iter().zip(&names) {
@@ -350,7 +386,10 @@ async fn forged_csrs_stay_pending_with_a_warning_and_the_agents_csr_is_approved(
     }
 
     approver.abort();
-    for name in names.iter().chain([&valid_name, &renewal, &re_enrolment]) {
+    for name in names
+        .iter()
+        .chain([&valid_name, &renewal, &re_enrolment, &in_time])
+    {
         let _ = csrs.delete(name, &DeleteParams::default()).await;
     }
     ns.cleanup(&admin).await.unwrap();

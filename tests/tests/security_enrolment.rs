@@ -9,25 +9,33 @@
 //! - an approver that fails after it claimed the permission (here: it may not write the
 //!   enrolment record) loses nothing: the claim stays that CSR's, no other CSR takes it, and the
 //!   next approver approves that CSR (before the claim, the failure used the permission up);
-//! - a revoked host loses its Role at once, and when its ByoHost is gone it creates another
-//!   without the mark: it gets no certificate and no grant.
+//! - a revoked host loses its Role at once and may write nothing with the certificate it still
+//!   holds (no Lease, no Event, no CSR, no new ByoHost: admission refuses every write of a
+//!   revoked name); a ByoHost of its name that reappears without the mark changes nothing, and
+//!   a renewal filed before the revocation gets no certificate.
 //!
 //! The tests on the shared control plane take turns ([`APPROVERS`]): each runs its own
 //! approver, and one approver's decisions must not stand in for another's. The failing approver
-//! has a control plane of its own: no other approver may act on its CSR.
+//! and the revoked host have control planes of their own: no other approver may act on their
+//! CSRs.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 use byoh_api::ByoHost;
+use byoh_controller::admission;
 use byoh_controller::csr::{self, CsrOptions};
 use byoh_controller::hostaccess::{self, HostAccessOptions};
 use byoh_controller::manifests;
 use byoh_tests::access::*;
 use byoh_tests::agent;
 use byoh_tests::control_plane::{self, PrivateControlPlane, TestNamespace};
-use byoh_tests::csr::{annotate, approved, file, refused_with, signed, valid, warning_for};
+use byoh_tests::csr::{
+    annotate, approved, file, permission_removed, refused_with, signed, valid, warning_for,
+};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
@@ -36,20 +44,19 @@ use std::time::Duration;
 /// Held by each test for its whole run: one CSR approver at a time on the control plane.
 static APPROVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Waits until ByoHost `host` no longer carries the re-enrolment permission (used up).
-async fn permission_removed(byohosts: &Api<ByoHost>, host: &str) {
-    eventually(
-        "the used re-enrolment permission removed",
-        Duration::from_secs(30),
-        || async {
-            let now = byohosts.get(host).await.ok()?;
-            (!now
-                .annotations()
-                .contains_key(byoh_api::labels::ALLOW_RE_ENROLMENT))
-            .then_some(())
-        },
-    )
-    .await;
+/// `Some(())` when `r` is the API server's refusal by the revoked-host admission policy;
+/// `None` when the request went through (the policy had not read the record yet); panics on
+/// any other outcome.
+fn refused_by_revocation<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> Option<()> {
+    match r {
+        Ok(_) => None,
+        Err(kube::Error::Api(e))
+            if e.code == 403 && e.message.contains(admission::REVOKED_POLICY) =>
+        {
+            Some(())
+        }
+        Err(e) => panic!("expected a refusal by {}: {e}", admission::REVOKED_POLICY),
+    }
 }
 
 /// Files five valid CSRs for host `host` at once (each with its own key) as `client`, named
@@ -225,14 +232,14 @@ async fn one_name_gets_one_key_however_many_csrs_arrive_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_grant() {
-    let Some(admin) = control_plane::client().await else {
-        return;
-    };
-    let _turn = APPROVERS.lock().await;
+async fn a_revoked_host_writes_nothing_and_gets_no_certificate_and_no_grant() {
+    // A control plane of its own: a renewal is filed while its approver is stopped, and no
+    // other test's approver may approve it meanwhile.
+    let cp = PrivateControlPlane::start().unwrap();
+    let admin = cp.client().await.unwrap();
     install_components(&admin).await.unwrap();
     let pool = TestNamespace::create(&admin, "revoked").await.unwrap();
-    let controller = controller_client().await.unwrap();
+    let controller = controller_client_on(cp.kubeconfig()).await.unwrap();
     let approver = tokio::spawn(csr::run(controller.clone(), CsrOptions::default()));
     let reconciler = tokio::spawn(hostaccess::run(
         controller,
@@ -243,7 +250,7 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
     ));
     let run = random_lower(6);
     let name = format!("revoked-{run}");
-    let host = host_client(&name).await.unwrap();
+    let host = host_client_on(cp.kubeconfig(), &name).await.unwrap();
     let pp = PostParams::default();
     let as_host: Api<ByoHost> = Api::namespaced(host.clone(), pool.name());
     let byohosts: Api<ByoHost> = Api::namespaced(admin.clone(), pool.name());
@@ -266,6 +273,11 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
     let renewal = format!("byoh-{name}-renew-{run}");
     file(&host, &renewal, &valid(&name)).await;
     signed(&admin, &renewal).await;
+    // A renewal filed just before the revocation, while no approver runs (it restarts).
+    approver.abort();
+    let _ = approver.await;
+    let after = format!("byoh-{name}-after-{run}");
+    file(&host, &after, &valid(&name)).await;
 
     // Revoked by an administrator: its Role is taken back at once and the revocation is
     // recorded where the host cannot reach.
@@ -289,14 +301,67 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
     )
     .await;
 
-    // The revoked host may no longer delete its ByoHost (that came from its Role). Once it is
-    // gone anyway (an administrator cleans up, or the host deleted it before the controller
-    // acted), the host creates one of its name without the mark, as the hosts' group may.
+    // The revoked host may no longer delete its ByoHost (that came from its Role).
     let refused_delete = as_host.delete(&name, &DeleteParams::default()).await;
     assert!(
         matches!(&refused_delete, Err(kube::Error::Api(e)) if e.code == 403),
         "the revoked host deleted its ByoHost: {refused_delete:?}"
     );
+    // Nor write anything its group still may, with the certificate it holds until it expires:
+    // admission refuses every write of a revoked name. The first write may come before the API
+    // server's policy has read the record; within seconds it has.
+    let lease_name = byoh_api::names::host_lease_name(pool.name(), &name);
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": lease_name,
+            "labels": { byoh_api::labels::HOST: name },
+        },
+        "spec": { "holderIdentity": name, "leaseDurationSeconds": 40 },
+    }))
+    .unwrap();
+    let leases = Api::<Lease>::namespaced(host.clone(), manifests::NAMESPACE);
+    eventually(
+        "the revoked host's Lease write refused by admission",
+        Duration::from_secs(30),
+        || async {
+            let r = leases.create(&pp, &lease).await;
+            if r.is_ok() {
+                let _ = Api::<Lease>::namespaced(admin.clone(), manifests::NAMESPACE)
+                    .delete(&lease_name, &DeleteParams::default())
+                    .await;
+            }
+            refused_by_revocation(r)
+        },
+    )
+    .await;
+    let csr_attempt = format!("byoh-{name}-revoked-{run}");
+    let (pem, _) = byoh_tests::csr::request(&valid(&name));
+    refused_by_revocation(
+        byoh_tests::csr::file_text(&host, &csr_attempt, &valid(&name), pem.into_bytes()).await,
+    )
+    .expect("the revoked host filed a CSR");
+    let event: Event = serde_json::from_value(serde_json::json!({
+        "metadata": { "generateName": "revoked-" },
+        "eventTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now()
+        ),
+        "reason": "Registered", "action": "Register",
+        "reportingController": "byoh-agent", "reportingInstance": name,
+        "type": "Normal",
+        "regarding": {
+            "apiVersion": byoh_api::API_VERSION, "kind": "ByoHost",
+            "name": name, "namespace": pool.name(),
+        },
+    }))
+    .unwrap();
+    refused_by_revocation(
+        Api::<Event>::namespaced(host.clone(), pool.name())
+            .create(&pp, &event)
+            .await,
+    )
+    .expect("the revoked host wrote an Event");
+
+    // Once its ByoHost is gone (an administrator cleans up), the host may not create another.
     byohosts
         .delete(&name, &DeleteParams::default())
         .await
@@ -305,7 +370,15 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
         byohosts.get_opt(&name).await.ok()?.is_none().then_some(())
     })
     .await;
-    let again = as_host
+    refused_by_revocation(
+        as_host
+            .create(&pp, &ByoHost::new(&name, Default::default()))
+            .await,
+    )
+    .expect("the revoked host re-created its ByoHost");
+    // One that reappears without the mark anyway (an administrator restores an old backup)
+    // changes nothing: the record decides.
+    let again = byohosts
         .create(&pp, &ByoHost::new(&name, Default::default()))
         .await
         .unwrap();
@@ -314,9 +387,12 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
         "{again:?}"
     );
 
-    // Its renewal stays pending, with a Warning naming the revocation: no certificate.
-    let after = format!("byoh-{name}-after-{run}");
-    file(&host, &after, &valid(&name)).await;
+    // The renewal filed before the revocation stays pending once an approver looks at it,
+    // with a Warning naming the revocation: no certificate.
+    let approver = tokio::spawn(csr::run(
+        controller_client_on(cp.kubeconfig()).await.unwrap(),
+        CsrOptions::default(),
+    ));
     let note = refused_with(&admin, &after).await;
     assert!(note.contains("is revoked"), "{note}");
     let csr = csrs.get(&after).await.unwrap();
@@ -331,7 +407,8 @@ async fn a_revoked_host_that_recreates_its_byohost_gets_no_certificate_and_no_gr
         .await
         .unwrap();
     let enrol = format!("byoh-{name}-enrol-{run}");
-    file(&token_client(&token).await.unwrap(), &enrol, &valid(&name)).await;
+    let bootstrapper = token_client_on(cp.kubeconfig(), &token).await.unwrap();
+    file(&bootstrapper, &enrol, &valid(&name)).await;
     let note = refused_with(&admin, &enrol).await;
     assert!(note.contains("revoked"), "{note}");
     // And the re-created ByoHost got no Role: the reconciler saw it (the Warning above came

@@ -11,6 +11,7 @@
 //! - A re-enrolment the administrator allowed ([`super::identity::claim_re_enrolment`], claimed
 //!   first) replaces the record with the new key, on the condition that the record did not
 //!   change since it was read (its `resourceVersion`).
+//! - A CSR deleted before its approval takes nothing: its record is removed again ([`forget`]).
 //! - A record with another key and no permission: refused. The record outlives the ByoHost, so
 //!   a name whose ByoHost was deleted does not enrol again until an administrator deletes the
 //!   record (`kubectl -n byoh-system delete configmap byoh-enrolment-<name>`).
@@ -20,7 +21,7 @@
 
 use byoh_api::labels;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 
 /// Prefix of an enrolment record's name: `byoh-enrolment-<host name>`.
 pub const RECORD_PREFIX: &str = "byoh-enrolment-";
@@ -117,6 +118,46 @@ pub async fn take(
     }
 }
 
+/// Removes host `host`'s record in `namespace` if it still enrols the key `key_sha256` by CSR
+/// `csr`, unchanged since read (its `resourceVersion`): that CSR was deleted before it could be
+/// approved, so the name is not this key's. Without it the name would stay taken by a key that
+/// never got a certificate and the real host's CSR would be refused.
+///
+/// # Errors
+/// The client error of the get or delete, other than the record being gone or changed.
+pub async fn forget(
+    client: &kube::Client,
+    namespace: &str,
+    host: &str,
+    key_sha256: &str,
+    csr: &str,
+) -> Result<(), kube::Error> {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+    let name = record_name(host);
+    let Some(record) = api.get_opt(&name).await? else {
+        return Ok(());
+    };
+    let data = record.data.clone().unwrap_or_default();
+    if is_revoked(&record)
+        || data.get(PUBLIC_KEY_SHA256).map(String::as_str) != Some(key_sha256)
+        || data.get(CSR).map(String::as_str) != Some(csr)
+    {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: record.metadata.resource_version,
+            uid: record.metadata.uid,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether `record` says its name is revoked ([`REVOKED`] is `true`).
 pub fn is_revoked(record: &ConfigMap) -> bool {
     record
@@ -150,8 +191,21 @@ pub async fn revoked(
         .is_some_and(|r| is_revoked(&r)))
 }
 
+/// Whether `record` carries the label [`labels::REVOKED`]`=true`, by which the admission policy
+/// [`crate::admission::REVOKED_POLICY`] finds it.
+fn labelled_revoked(record: &ConfigMap) -> bool {
+    record
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::REVOKED))
+        .is_some_and(|v| v == "true")
+}
+
 /// Records host `host` as revoked in `namespace` (creates the record if there is none; keeps
-/// its key and CSR). Idempotent.
+/// its key and CSR): [`REVOKED`]`=true` in its data, read by the approver and the host-access
+/// reconciler, and the label [`labels::REVOKED`]`=true`, by which the admission policy
+/// [`crate::admission::REVOKED_POLICY`] refuses every write of the host. Idempotent.
 ///
 /// # Errors
 /// The client error of a get, create or replace; a replace that lost a race (409) too, so the
@@ -159,20 +213,26 @@ pub async fn revoked(
 pub async fn revoke(client: &kube::Client, namespace: &str, host: &str) -> Result<(), kube::Error> {
     let api = Api::<ConfigMap>::namespaced(client.clone(), namespace);
     let name = record_name(host);
-    match api.get_opt(&name).await? {
-        Some(r) if is_revoked(&r) => Ok(()),
-        Some(mut r) => {
-            r.data
-                .get_or_insert_default()
-                .insert(REVOKED.into(), "true".into());
-            api.replace(&name, &PostParams::default(), &r)
-                .await
-                .map(drop)
-        }
-        None => {
-            let record = new_record(namespace, host, &[(REVOKED.into(), "true".into())]);
-            api.create(&PostParams::default(), &record).await.map(drop)
-        }
+    let mut record = match api.get_opt(&name).await? {
+        Some(r) if is_revoked(&r) && labelled_revoked(&r) => return Ok(()),
+        Some(r) => r,
+        None => new_record(namespace, host, &[]),
+    };
+    record
+        .data
+        .get_or_insert_default()
+        .insert(REVOKED.into(), "true".into());
+    record
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(labels::REVOKED.into(), "true".into());
+    if record.metadata.resource_version.is_some() {
+        api.replace(&name, &PostParams::default(), &record)
+            .await
+            .map(drop)
+    } else {
+        api.create(&PostParams::default(), &record).await.map(drop)
     }
 }
 

@@ -10,15 +10,20 @@
 //!   name arrive at once; once the CSR is approved it removes the claim
 //!   ([`release_re_enrolment`]). A failure between the two (an API error, a restart) leaves the
 //!   claim, which the same CSR's next attempt holds and no other CSR can take, so the
-//!   administrator's permission is neither lost nor used twice. Without the rule a token holder
+//!   administrator's permission is neither lost nor used twice. A CSR deleted before its
+//!   approval gives the permission back ([`return_re_enrolment`]). The permission lasts a
+//!   window (`byoh-controller run --re-enrolment-window`, one hour by default) from when the
+//!   annotation was set ([`annotation_set_at`]); past it, it allows nothing and the approver
+//!   removes it ([`withdraw_expired`]), so a `true` forgotten on a ByoHost does not wait for
+//!   whoever files a CSR for the name months later. Without the rule a token holder
 //!   could take over an offline, claimed host and read its bootstrap data.
 //! - A **host renewing** needs its ByoHost: deleting the ByoHost, or marking it
 //!   [`labels::REVOKED`], stops renewal, so the identity ends when its certificate expires.
 
 use byoh_api::{ByoHost, labels};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams};
 
 use super::{Requester, lease_is_live};
 
@@ -47,6 +52,12 @@ pub enum ReEnrolment {
     Allowed,
     /// Claimed by the CSR this value names ([`claim`]): only that CSR may use it.
     Claimed(String),
+    /// `true`, but set longer ago than the window allows ([`ReEnrolment::within`]), or at a
+    /// time nobody can tell (no managedFields entry owns it): allows nothing.
+    Expired {
+        /// When the annotation was set, if known.
+        set_at: Option<Timestamp>,
+    },
 }
 
 impl ReEnrolment {
@@ -59,12 +70,27 @@ impl ReEnrolment {
         }
     }
 
+    /// The permission as it stands at `now` for a `true` set at `set_at` (`None`: unknown):
+    /// [`ReEnrolment::Allowed`] turns [`ReEnrolment::Expired`] once `window` has passed since
+    /// `set_at`, or at once when `set_at` is unknown. Other values are kept.
+    pub fn within(self, set_at: Option<Timestamp>, now: Timestamp, window: SignedDuration) -> Self {
+        match self {
+            ReEnrolment::Allowed
+                if set_at.is_some_and(|t| t.checked_add(window).is_ok_and(|end| end > now)) =>
+            {
+                ReEnrolment::Allowed
+            }
+            ReEnrolment::Allowed => ReEnrolment::Expired { set_at },
+            other => other,
+        }
+    }
+
     /// Whether the CSR whose claim is `claim` may use it: unclaimed, or claimed by that CSR.
     fn usable_by(&self, claim: &str) -> bool {
         match self {
             ReEnrolment::Allowed => true,
             ReEnrolment::Claimed(c) => c == claim,
-            ReEnrolment::NotAllowed => false,
+            ReEnrolment::NotAllowed | ReEnrolment::Expired { .. } => false,
         }
     }
 }
@@ -84,6 +110,39 @@ pub fn used_by_another(namespace: &str, host: &str, by: Option<&str>) -> String 
         "the one re-enrolment ByoHost {namespace}/{host} allowed was used by another CSR first{by} (or withdrawn); annotate it with {}=true again to allow another",
         labels::ALLOW_RE_ENROLMENT
     )
+}
+
+/// The Warning of a CSR that found ByoHost `namespace/host`'s permission expired (set at
+/// `set_at`, if known).
+pub fn expired(namespace: &str, host: &str, set_at: Option<Timestamp>) -> String {
+    let when = set_at.map_or_else(
+        || "at a time no managedFields entry records".to_string(),
+        |t| format!("at {t}"),
+    );
+    format!(
+        "the re-enrolment permission of ByoHost {namespace}/{host} (set {when}) has expired: it allows one enrolment within byoh-controller's --re-enrolment-window of being set; it was removed, annotate the ByoHost with {}=true again to allow one",
+        labels::ALLOW_RE_ENROLMENT
+    )
+}
+
+/// When annotation `key` of an object was last set: the latest `time` of its managedFields
+/// entries that own `metadata.annotations[key]`. The API server stamps an entry's time whenever
+/// its manager sets or changes a field the entry owns (Kubernetes, "Server-Side Apply: field
+/// management"); `None` when no entry owns it.
+pub fn annotation_set_at(meta: &ObjectMeta, key: &str) -> Option<Timestamp> {
+    let field = format!("f:{key}");
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&field))
+                .is_some()
+        })
+        .filter_map(|entry| entry.time.as_ref().map(|t| t.0))
+        .max()
 }
 
 /// What the identity rules say about a CSR that passed the shape rules.
@@ -161,12 +220,19 @@ pub fn verdict(
             }) {
                 return Verdict::Refuse(used_by_another(&h.namespace, host, Some(other)));
             }
+            if let Some((h, set_at)) = hosts.iter().find_map(|h| match &h.re_enrolment {
+                ReEnrolment::Expired { set_at } => Some((h, *set_at)),
+                _ => None,
+            }) {
+                return Verdict::Refuse(expired(&h.namespace, host, set_at));
+            }
             refuse_registered()
         }
     }
 }
 
-/// Every ByoHost named `host` (all namespaces), with its Lease's liveness.
+/// Every ByoHost named `host` (all namespaces), with its Lease's liveness and its re-enrolment
+/// permission as it stands now (`window`: how long a `true` allows, [`ReEnrolment::within`]).
 ///
 /// # Errors
 /// The client error of a list or get.
@@ -174,6 +240,7 @@ pub async fn registered(
     client: &kube::Client,
     host: &str,
     lease_namespace: &str,
+    window: SignedDuration,
 ) -> Result<Vec<RegisteredHost>, kube::Error> {
     let hosts = Api::<ByoHost>::all(client.clone())
         .list_metadata(&ListParams::default().fields(&format!("metadata.name={host}")))
@@ -181,6 +248,7 @@ pub async fn registered(
     let now = Timestamp::now();
     let mut out = Vec::new();
     for h in hosts.items {
+        let set_at = annotation_set_at(&h.metadata, labels::ALLOW_RE_ENROLMENT);
         let Some(namespace) = h.metadata.namespace else {
             continue;
         };
@@ -195,7 +263,8 @@ pub async fn registered(
                 annotations
                     .get(labels::ALLOW_RE_ENROLMENT)
                     .map(String::as_str),
-            ),
+            )
+            .within(set_at, now, window),
             namespace,
         });
     }
@@ -264,6 +333,42 @@ pub async fn claim_re_enrolment(
             .get(labels::ALLOW_RE_ENROLMENT)
             .is_some_and(|v| v == claim)
     }))
+}
+
+/// Gives ByoHost `namespace/host`'s re-enrolment permission back (`true` again) when the CSR
+/// that claimed it (`claim`) was deleted before it could be approved, if it is still that claim:
+/// the permission was not used, and a claim of a CSR that no longer exists would refuse every
+/// later CSR for the name.
+///
+/// # Errors
+/// The client error of the patch.
+pub async fn return_re_enrolment(
+    client: &kube::Client,
+    namespace: &str,
+    host: &str,
+    claim: &str,
+) -> Result<(), kube::Error> {
+    let then = serde_json::json!({ "op": "replace", "value": "true" });
+    patch_if(client, namespace, host, claim, then)
+        .await
+        .map(drop)
+}
+
+/// Removes ByoHost `namespace/host`'s expired re-enrolment permission, if it is still `true`
+/// (an administrator's new `true` set since is a new annotation only once this one is gone: the
+/// API server stamps no new time on a value written again unchanged).
+///
+/// # Errors
+/// The client error of the patch.
+pub async fn withdraw_expired(
+    client: &kube::Client,
+    namespace: &str,
+    host: &str,
+) -> Result<(), kube::Error> {
+    let then = serde_json::json!({ "op": "remove" });
+    patch_if(client, namespace, host, "true", then)
+        .await
+        .map(drop)
 }
 
 /// Removes ByoHost `namespace/host`'s re-enrolment permission once the CSR that claimed it
@@ -424,5 +529,75 @@ mod tests {
                 "{m}"
             );
         }
+    }
+
+    #[test]
+    fn a_permission_allows_only_within_its_window_from_when_it_was_set() {
+        let token = Requester::Bootstrapper {
+            token_id: "abc123".into(),
+        };
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let hour = SignedDuration::from_hours(1);
+        let set = |secs_ago: i64| Some(Timestamp::from_second(1_000_000 - secs_ago).unwrap());
+        assert_eq!(
+            ReEnrolment::Allowed.within(set(3599), now, hour),
+            ReEnrolment::Allowed
+        );
+        for set_at in [set(3600), set(86_400), None] {
+            assert_eq!(
+                ReEnrolment::Allowed.within(set_at, now, hour),
+                ReEnrolment::Expired { set_at },
+                "{set_at:?}"
+            );
+        }
+        // Only `true` expires: a claim in progress and a refusal stay what they are.
+        let c = claim("byoh-a-1", "uid-1");
+        assert_eq!(
+            ReEnrolment::Claimed(c.clone()).within(set(86_400), now, hour),
+            ReEnrolment::Claimed(c)
+        );
+        assert_eq!(
+            ReEnrolment::NotAllowed.within(None, now, hour),
+            ReEnrolment::NotAllowed
+        );
+        let expired = RegisteredHost {
+            namespace: "pool".into(),
+            live: false,
+            revoked: false,
+            re_enrolment: ReEnrolment::Expired { set_at: set(7200) },
+        };
+        let m = refusal(verdict("a", &token, &[expired], "byoh-a-1", "claim"));
+        assert!(m.contains("pool/a") && m.contains("has expired"), "{m}");
+    }
+
+    #[test]
+    fn the_time_a_permission_was_set_is_that_of_the_managed_fields_entry_owning_it() {
+        let meta: ObjectMeta = serde_json::from_value(serde_json::json!({
+            "name": "a",
+            "managedFields": [
+                {
+                    "manager": "kubectl-annotate", "operation": "Update",
+                    "time": "2026-12-01T10:00:00Z", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:annotations": {
+                        format!("f:{}", labels::ALLOW_RE_ENROLMENT): {}
+                    }}}
+                },
+                {
+                    "manager": "byoh-agent", "operation": "Update",
+                    "time": "2026-12-02T10:00:00Z", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:status": {"f:phase": {}}}
+                }
+            ]
+        }))
+        .unwrap();
+        assert_eq!(
+            annotation_set_at(&meta, labels::ALLOW_RE_ENROLMENT),
+            Some("2026-12-01T10:00:00Z".parse().unwrap())
+        );
+        assert_eq!(annotation_set_at(&meta, labels::REVOKED), None);
+        assert_eq!(
+            annotation_set_at(&ObjectMeta::default(), labels::ALLOW_RE_ENROLMENT),
+            None
+        );
     }
 }

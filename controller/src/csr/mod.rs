@@ -99,7 +99,13 @@ pub struct CsrOptions {
     /// The provider's namespace: the hosts' Leases (whether a registered host is running) and
     /// the enrolment records ([`enrolment`]).
     pub host_lease_namespace: String,
+    /// `--re-enrolment-window`: how long an administrator's re-enrolment permission allows
+    /// one enrolment after it was set ([`identity::ReEnrolment::within`]).
+    pub re_enrolment_window: Duration,
 }
+
+/// Default of [`CsrOptions::re_enrolment_window`]: one hour.
+pub const DEFAULT_RE_ENROLMENT_WINDOW: Duration = Duration::from_secs(3600);
 
 impl Default for CsrOptions {
     fn default() -> Self {
@@ -107,6 +113,7 @@ impl Default for CsrOptions {
             manual: false,
             instance: None,
             host_lease_namespace: byoh_api::labels::DEFAULT_HOST_LEASE_NAMESPACE.into(),
+            re_enrolment_window: DEFAULT_RE_ENROLMENT_WINDOW,
         }
     }
 }
@@ -131,6 +138,7 @@ struct Ctx {
     recorder: Recorder,
     manual: bool,
     host_lease_namespace: String,
+    re_enrolment_window: SignedDuration,
 }
 
 async fn publish(
@@ -186,23 +194,50 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                 Requester::Bootstrapper { token_id } => format!("bootstrap token {token_id}"),
                 Requester::Host => "the host itself (renewal)".to_string(),
             };
-            let hosts = identity::registered(&ctx.client, &host, &ctx.host_lease_namespace)
-                .await
-                .map_err(|source| CsrError::Api {
-                    action: "looking up the ByoHosts of the host name",
-                    name: name.clone(),
-                    source,
-                })?;
+            let hosts = identity::registered(
+                &ctx.client,
+                &host,
+                &ctx.host_lease_namespace,
+                ctx.re_enrolment_window,
+            )
+            .await
+            .map_err(|source| CsrError::Api {
+                action: "looking up the ByoHosts of the host name",
+                name: name.clone(),
+                source,
+            })?;
             let claim = identity::claim(&name, csr.metadata.uid.as_deref().unwrap_or("-"));
-            let used_re_enrolment =
-                match identity::verdict(&host, &requester, &hosts, &name, &claim) {
-                    identity::Verdict::Approve { used_re_enrolment } => used_re_enrolment,
-                    identity::Verdict::Refuse(reason) => {
-                        refuse(&ctx, &csr, &reason).await?;
-                        // Look again: an administrator may allow re-enrolment, a Lease may expire.
-                        return Ok(Action::requeue(Duration::from_secs(60)));
+            let used_re_enrolment = match identity::verdict(
+                &host, &requester, &hosts, &name, &claim,
+            ) {
+                identity::Verdict::Approve { used_re_enrolment } => used_re_enrolment,
+                identity::Verdict::Refuse(reason) => {
+                    // An expired permission goes, so that a new `true` starts a new window.
+                    for h in &hosts {
+                        if let identity::ReEnrolment::Expired { .. } = h.re_enrolment {
+                            identity::withdraw_expired(&ctx.client, &h.namespace, &host)
+                                .await
+                                .map_err(|source| CsrError::Api {
+                                    action: "removing an expired re-enrolment permission",
+                                    name: name.clone(),
+                                    source,
+                                })?;
+                        }
                     }
-                };
+                    refuse(&ctx, &csr, &reason).await?;
+                    // Look again: an administrator may allow re-enrolment, a Lease may expire,
+                    // another CSR's claim on the permission may be given back.
+                    let claimed = hosts.iter().any(|h| {
+                            matches!(&h.re_enrolment, identity::ReEnrolment::Claimed(c) if *c != claim)
+                        });
+                    let retry = if claimed {
+                        CLAIMED_RETRY
+                    } else {
+                        Duration::from_secs(60)
+                    };
+                    return Ok(Action::requeue(retry));
+                }
+            };
             // A revocation outlives the ByoHost it was written on (enrolment.rs).
             let revoked = enrolment::revoked(&ctx.client, &ctx.host_lease_namespace, &host)
                 .await
@@ -225,6 +260,11 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                 publish(&ctx, &csr, EventType::Normal, MANUAL_REASON, format!("valid certificate request for host {host} from {by}; manual approval is on: check it, then run kubectl certificate approve {name}")).await?;
                 return Ok(Action::await_change());
             }
+            // The CSR as the API server has it now, not as the watch cache had it: a reconcile
+            // of a CSR deleted (or decided) meanwhile claims no permission and no name for it.
+            if !still_pending(&ctx.client, &csr).await? {
+                return Ok(Action::await_change());
+            }
             // Claimed before the approval, on the condition that it is still `true`: of several
             // CSRs for the name filed at once, only the one whose claim succeeds goes on.
             for namespace in &used_re_enrolment {
@@ -242,7 +282,7 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                         &identity::used_by_another(namespace, &host, None),
                     )
                     .await?;
-                    return Ok(Action::requeue(Duration::from_secs(60)));
+                    return Ok(Action::requeue(CLAIMED_RETRY));
                 }
             }
             // Enrolment: the name is recorded as this key's before the approval, by a create
@@ -278,14 +318,24 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
                 message: Some(format!("byoh-controller approved the client certificate of host {host}, requested by {by}")),
                 ..CertificateSigningRequestCondition::default()
             });
-            Api::<CertificateSigningRequest>::all(ctx.client.clone())
+            match Api::<CertificateSigningRequest>::all(ctx.client.clone())
                 .replace_subresource("approval", &name, &PostParams::default(), &approved)
                 .await
-                .map_err(|source| CsrError::Api {
-                    action: "approving",
-                    name: name.clone(),
-                    source,
-                })?;
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    // Deleted since `still_pending`: what was taken for it goes back.
+                    give_back(&ctx, &host, &claim, &used_re_enrolment, &key_sha256, &name).await?;
+                    return Ok(Action::await_change());
+                }
+                Err(source) => {
+                    return Err(CsrError::Api {
+                        action: "approving",
+                        name: name.clone(),
+                        source,
+                    });
+                }
+            }
             tracing::info!(csr = %name, %host, requested_by = %by, "approved host certificate signing request");
             // Used up. A claim left by a failure here allows nothing more: its CSR is approved.
             for namespace in &used_re_enrolment {
@@ -298,6 +348,71 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
         }
     }
     Ok(Action::await_change())
+}
+
+/// How soon a CSR refused because another CSR holds the name's re-enrolment permission is
+/// looked at again: that claim ends within moments (approved and removed, or given back), so
+/// sooner than the minute of the other refusals.
+const CLAIMED_RETRY: Duration = Duration::from_secs(10);
+
+/// Whether `csr` is still there (same UID) and undecided, read from the API server.
+async fn still_pending(
+    client: &kube::Client,
+    csr: &CertificateSigningRequest,
+) -> Result<bool, CsrError> {
+    let now = Api::<CertificateSigningRequest>::all(client.clone())
+        .get_opt(&csr.name_any())
+        .await
+        .map_err(|source| CsrError::Api {
+            action: "reading the request again before approving",
+            name: csr.name_any(),
+            source,
+        })?;
+    Ok(now.is_some_and(|now| {
+        now.metadata.uid == csr.metadata.uid && decide(&now) != Decision::AlreadyDecided
+    }))
+}
+
+/// Gives back what CSR `csr` (host `host`, key `key_sha256`, re-enrolment claim `claim`) took
+/// before it was deleted unapproved: the re-enrolment permissions it claimed (namespaces
+/// `used_re_enrolment`) and its enrolment record.
+async fn give_back(
+    ctx: &Ctx,
+    host: &str,
+    claim: &str,
+    used_re_enrolment: &[String],
+    key_sha256: &str,
+    csr: &str,
+) -> Result<(), CsrError> {
+    let failed = |action| {
+        move |source| CsrError::Api {
+            action,
+            name: csr.to_string(),
+            source,
+        }
+    };
+    for namespace in used_re_enrolment {
+        identity::return_re_enrolment(&ctx.client, namespace, host, claim)
+            .await
+            .map_err(failed("giving the re-enrolment permission back"))?;
+    }
+    enrolment::forget(
+        &ctx.client,
+        &ctx.host_lease_namespace,
+        host,
+        key_sha256,
+        csr,
+    )
+    .await
+    .map_err(failed(
+        "removing the enrolment record of the deleted request",
+    ))?;
+    tracing::info!(
+        csr,
+        host,
+        "request deleted before its approval: its claim on the name is given back"
+    );
+    Ok(())
 }
 
 /// Whether `lease` is current at `now`: `renewTime + leaseDurationSeconds` is in the future.
@@ -341,6 +456,8 @@ pub async fn run(client: kube::Client, opts: CsrOptions) -> anyhow::Result<()> {
         client: client.clone(),
         manual: opts.manual,
         host_lease_namespace: opts.host_lease_namespace,
+        re_enrolment_window: SignedDuration::try_from(opts.re_enrolment_window)
+            .unwrap_or(SignedDuration::MAX),
     });
     tracing::info!(manual = opts.manual, "starting the CSR approver");
     Controller::new(
