@@ -16,6 +16,12 @@
 //! `/var/lib/byoh/kubeconfig`, and past the old certificate's end the Lease is still renewed
 //! (the agent uses the new one); the host filed no other CSR. Prints when renewal started and
 //! how long it took.
+//!
+//! Then the agent is stopped until its certificate has expired (issue 37 #3, "a host offline
+//! past its certificate's end"): at its start the agent enrols again with the bootstrap
+//! kubeconfig, the approver refuses the registered name with a Warning, the administrator
+//! allows one re-enrolment (docs/troubleshooting.md), and the host is back under its name with a
+//! new certificate, its Lease renewed, the permission used up.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -23,6 +29,8 @@ use byoh_api::ByoHost;
 use byoh_tests::access;
 use byoh_tests::control_plane::{PrivateControlPlane, TestNamespace};
 use byoh_tests::controller::ControllerProcess;
+use byoh_tests::csr::{annotate, permission_removed, warning_for};
+use byoh_tests::eventually;
 use byoh_tests::hosts::{self, Host};
 use byoh_tests::objects::{host_lease_name, host_leases};
 use byoh_tests::pool;
@@ -319,6 +327,104 @@ async fn the_running_agent_renews_its_certificate_and_its_lease_never_lapses() {
         replaced_at.get() - back_at,
         seen.oldest_lease_secs
     );
+
+    // Offline for longer than its certificate's lifetime: when the agent starts again it
+    // enrols with the bootstrap kubeconfig, the approver refuses the registered name, and the
+    // administrator allows one re-enrolment as docs/troubleshooting.md says. The host is back
+    // under its name, with a new key, and the permission is used up. (The agent is stopped
+    // rather than the host powered off: the agent reports ready only once it has its identity,
+    // so a host that boots into this wait holds its boot's start job until the approval, and
+    // `tests/hosts/boot --resume` waits for the boot to finish; noted in issue 37.)
+    bed.host
+        .run(&["systemctl", "stop", "byoh-agent"])
+        .await
+        .unwrap();
+    let off_at = now_secs();
+    let expired_in = second.not_after + 5.0 - off_at;
+    tokio::time::sleep(Duration::from_secs_f64(expired_in.max(0.0))).await;
+    bed.host
+        .run(&["systemctl", "start", "--no-block", "byoh-agent"])
+        .await
+        .unwrap();
+    let on_at = now_secs();
+    let enrolment = eventually(
+        "the agent's re-enrolment CSR refused: the name is registered",
+        Duration::from_secs(90),
+        || async {
+            let csr = bed
+                .csrs
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|c| {
+                    c.spec
+                        .username
+                        .as_deref()
+                        .is_some_and(|u| u.starts_with("system:bootstrap:"))
+                        && c.metadata
+                            .creation_timestamp
+                            .as_ref()
+                            .is_some_and(|t| timestamp_secs(t.0) > off_at)
+                })?;
+            let name = csr.metadata.name.clone()?;
+            let note = warning_for(&admin, &name).await?;
+            assert!(note.contains("already registered"), "{name}: {note}");
+            Some(name)
+        },
+    )
+    .await;
+    let journal = bed.host.journal_messages("byoh-agent").await.unwrap();
+    assert!(
+        journal
+            .iter()
+            .any(|m| m.contains("expired or unreadable; bootstrapping a new one")),
+        "the agent's journal does not say its certificate expired: {journal:#?}"
+    );
+    let allowed_at = now_secs();
+    annotate(
+        &bed.hosts,
+        bed.host.name(),
+        byoh_api::labels::ALLOW_RE_ENROLMENT,
+        "true",
+    )
+    .await;
+    let third = eventually(
+        "the re-enrolled certificate in the host's kubeconfig",
+        Duration::from_secs(120),
+        || async {
+            let now = host_certificate(&bed.host).await;
+            (now.pem != second.pem).then_some(now)
+        },
+    )
+    .await;
+    let back_at = now_secs();
+    assert!(third.not_after > back_at, "the new certificate is current");
+    let (reason, _) =
+        approval(&bed.csrs.get(&enrolment).await.unwrap()).expect("the re-enrolment CSR approved");
+    assert_eq!(reason, byoh_controller::csr::APPROVED_REASON);
+    eventually(
+        "the Lease renewed and the ByoHost Available again",
+        Duration::from_secs(60),
+        || async {
+            let lease = bed.leases.get(&bed.lease).await.ok()?;
+            let renewed = timestamp_secs(lease.spec?.renew_time?.0);
+            let h = bed.hosts.get(bed.host.name()).await.ok()?;
+            (renewed > allowed_at && h.status?.phase.as_deref() == Some("Available")).then_some(())
+        },
+    )
+    .await;
+    permission_removed(&bed.hosts, bed.host.name()).await;
+    let _ = writeln!(
+        std::io::stderr(),
+        "re-enrolment: agent off {:.0} s (until 5 s past its certificate's end); refused CSR {enrolment} {:.0} s after its start; \
+         re-enrolled {:.1} s after the administrator's annotation",
+        on_at - off_at,
+        allowed_at - on_at,
+        back_at - allowed_at,
+    );
+
     drop(controller);
     bed.host.stop().await.unwrap();
     ns.cleanup(&admin).await.unwrap();
