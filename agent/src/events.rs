@@ -37,6 +37,9 @@ pub mod event_reasons {
     pub const BOOTSTRAP_SUCCEEDED: &str = "BootstrapSucceeded";
     /// The bootstrap failed; the host waits for new bootstrap data or its release.
     pub const BOOTSTRAP_FAILED: &str = "BootstrapFailed";
+    /// The claim was released while the bootstrap's commands ran (e.g. a MachineHealthCheck
+    /// remediated a Machine whose `kubeadm join` hung): they were killed; clean-up follows.
+    pub const BOOTSTRAP_ABORTED: &str = "BootstrapAborted";
     /// The controller asked for the host back; clean-up starts.
     pub const RELEASE_STARTED: &str = "ReleaseStarted";
     /// Clean-up finished: the host is as before the claim.

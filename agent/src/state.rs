@@ -178,6 +178,10 @@ pub struct ClaimWork {
     /// `ntp`), undone on clean-up.
     #[serde(default, skip_serializing_if = "HostChanges::is_empty")]
     pub host_changes: HostChanges,
+    /// The id of the last remedy of `spec.claim.remediation` carried out (recorded before it
+    /// runs: a reboot ends the agent, and no request is carried out twice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_remediation: Option<String>,
 }
 
 /// An address on an interface, as `ip addr` would name it.
@@ -416,6 +420,7 @@ mod tests {
             containers_before: None,
             control_plane_endpoint: None,
             host_changes: Default::default(),
+            last_remediation: None,
         }
     }
 

@@ -591,6 +591,7 @@ mod tests {
                 containers_before: None,
                 control_plane_endpoint: None,
                 host_changes: Default::default(),
+                last_remediation: None,
             }),
             ..Default::default()
         }

@@ -118,6 +118,12 @@ pub struct HostClaim {
     /// installed, reports the clean-up, and the controller then drops the claim.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub release_requested: bool,
+
+    /// A remedy for the claim's unhealthy Machine (a `ByoRemediation` under way): the agent
+    /// carries it out once per id while the host is the Machine's node and reports it in
+    /// `status.remediation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation: Option<crate::byoremediation::HostRemediation>,
 }
 
 /// Reference to a machine object in the host's namespace: the ByoMachine holding a claim
@@ -190,6 +196,10 @@ pub struct ByoHostStatus {
     /// registered the host; that agent then records its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<HostIdentity>,
+
+    /// The last remedy of `spec.claim.remediation` the agent carried out, and how it went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation: Option<crate::byoremediation::HostRemediationStatus>,
 
     /// Standard conditions (`Ready`, `Registered`, `BootstrapSucceeded`, `KubeletActive`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -25,6 +25,8 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         crate::ByoHost::crd(),
         crate::ByoMachine::crd(),
         crate::ByoMachineTemplate::crd(),
+        crate::ByoRemediation::crd(),
+        crate::ByoRemediationTemplate::crd(),
         crate::K8sInstallerConfig::crd(),
         crate::K8sInstallerConfigTemplate::crd(),
     ];

@@ -12,6 +12,7 @@ pub mod bootstrapkubeconfig;
 pub mod byocluster;
 pub mod byohost;
 pub mod byomachine;
+pub mod byoremediation;
 pub mod common;
 pub mod conditions;
 pub mod crds;
@@ -31,6 +32,10 @@ pub use byocluster::{
 pub use byohost::{ByoHost, ByoHostSpec, ByoHostStatus};
 pub use byomachine::{
     ByoMachine, ByoMachineSpec, ByoMachineStatus, ByoMachineTemplate, ByoMachineTemplateSpec,
+};
+pub use byoremediation::{
+    ByoRemediation, ByoRemediationSpec, ByoRemediationStatus, ByoRemediationTemplate,
+    ByoRemediationTemplateSpec,
 };
 pub use installer::{
     K8sInstallerConfig, K8sInstallerConfigSpec, K8sInstallerConfigStatus,

@@ -68,6 +68,10 @@ fn byohost() {
                 service_cidrs: vec!["10.96.0.0/12".into()],
                 pod_cidrs: vec!["192.168.0.0/16".into()],
                 release_requested: true,
+                remediation: Some(byoh_api::byoremediation::HostRemediation {
+                    id: "uid-r/0".into(),
+                    action: byoh_api::byoremediation::RemediationAction::RestartServices,
+                }),
             }),
             needs_cleanup: Some(NeedsCleanup {
                 machine_uid: "uid-0".into(),
@@ -129,6 +133,10 @@ fn byohost() {
             machine_id_hash: "a".repeat(64),
             product_uuid_hash: Some("b".repeat(64)),
             key_fingerprint: Some("c".repeat(64)),
+        }),
+        remediation: Some(byoh_api::byoremediation::HostRemediationStatus {
+            id: "uid-r/0".into(),
+            result: "Done".into(),
         }),
         conditions: vec![condition("Ready"), condition("BootstrapSucceeded")],
     });

@@ -1,9 +1,10 @@
 //! Cluster API core types the provider reads (`cluster.x-k8s.io/v1beta2` Cluster and Machine),
 //! as much as BYOH needs.
 //!
-//! These are read-only views: unknown fields are ignored, and BYOH never writes these objects;
-//! it deletes a Machine only when its host asks to be decommissioned
-//! (`crate::byomachine` decommission).
+//! These are read-only views: unknown fields are ignored, and BYOH writes these objects only
+//! twice: it deletes a Machine when its host asks to be decommissioned (`crate::byomachine`
+//! decommission), and sets a Machine's `OwnerRemediated` condition when a ByoRemediation hands
+//! it back to its owner (`crate::remediation`).
 //! Shapes follow CAPI v1.14 `api/core/v1beta2/{cluster,machine}_types.go`; references are
 //! `ContractVersionedObjectReference`s (`{apiGroup, kind, name}`).
 

@@ -24,6 +24,7 @@ mod leader;
 pub mod liveness;
 pub mod manifests;
 pub mod metrics;
+pub mod remediation;
 pub mod run;
 pub mod selection;
 

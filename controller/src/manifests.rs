@@ -191,6 +191,8 @@ const OUR_RESOURCES: &[&str] = &[
     "byohosts",
     "byomachines",
     "byomachinetemplates",
+    "byoremediations",
+    "byoremediationtemplates",
     "k8sinstallerconfigs",
     "k8sinstallerconfigtemplates",
 ];
@@ -247,6 +249,9 @@ pub fn manager_cluster_role() -> ClusterRole {
                 &["get", "list", "watch", "delete"],
                 &[],
             ),
+            // A ByoRemediation whose steps did not help hands its Machine to the Machine's
+            // owner: the Machine's `OwnerRemediated` condition False (remediation.rs).
+            rule(&["cluster.x-k8s.io"], &["machines/status"], &["patch"], &[]),
             // Secrets, write-only except `get`: bootstrap token Secrets in kube-system and
             // bootstrap kubeconfig Secrets (create/patch by server-side apply, delete with the
             // BootstrapKubeconfig). `get` is held only because RBAC lets the controller grant a
@@ -771,7 +776,7 @@ mod tests {
     fn writes_one_file_per_crd_that_parses_back() {
         let dir = tempfile::tempdir().unwrap();
         let paths = write_crds(dir.path()).unwrap();
-        assert_eq!(paths.len(), 8);
+        assert_eq!(paths.len(), 10);
         for path in paths {
             let text = std::fs::read_to_string(&path).unwrap();
             assert!(text.starts_with(GENERATED_HEADER));
@@ -830,7 +835,7 @@ mod tests {
             objs.iter()
                 .filter(|o| o["kind"] == "CustomResourceDefinition")
                 .count(),
-            8
+            10
         );
     }
 

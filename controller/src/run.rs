@@ -254,6 +254,7 @@ async fn run_controllers(
         crate::byomachine::controller(ctx.clone(), byomachine_triggers, shutdown.clone());
     let byomachinetemplate =
         crate::byomachinetemplate::controller(ctx.clone(), template_hosts, shutdown.clone());
+    let remediation = crate::remediation::controller(ctx.clone(), shutdown.clone());
     let liveness = crate::liveness::controller(
         ctx.clone(),
         liveness_hosts,
@@ -296,7 +297,7 @@ async fn run_controllers(
     // The controllers end on `shutdown` after finishing the reconciles in flight; the
     // caches and gauges never end on their own.
     tokio::select! {
-        () = async { tokio::join!(byocluster, byomachine, byomachinetemplate, liveness); } => {}
+        () = async { tokio::join!(byocluster, byomachine, byomachinetemplate, liveness, remediation); } => {}
         _ = host_cache => {}
         _ = lease_cache => {}
         _ = cluster_cache => {}

@@ -110,9 +110,8 @@ pub struct PageScript {
 
 impl PageScript {
     /// The blocks of `page` whose info string is one of `info` and that lie in its section
-    /// `heading`: from the level-2 heading line (`## `) that starts with `heading` (e.g. `## 10.`)
-    /// to the next level-1 or level-2 heading, subsections included. Heading-like lines inside
-    /// code blocks are not headings.
+    /// `heading` ([`section_lines`]: from the heading line that starts with `heading`, e.g.
+    /// `## 10.`, to the next heading of its level or higher, subsections included).
     ///
     /// Errors when the page cannot be read, has an unclosed block, has no such heading or no such
     /// block in it.
@@ -165,10 +164,18 @@ impl PageScript {
     }
 }
 
-/// The lines (1-based, inclusive) of the section of Markdown `md` whose level-2 heading starts
-/// with `heading`, up to the line before the next level-1 or level-2 heading; `None` when there
-/// is no such heading. Lines inside fenced code blocks are never headings.
+/// The level of a Markdown ATX heading line (`## Title` is 2), `None` for other lines.
+fn heading_level(line: &str) -> Option<usize> {
+    let hashes = line.bytes().take_while(|&b| b == b'#').count();
+    (hashes > 0 && line[hashes..].starts_with(' ')).then_some(hashes)
+}
+
+/// The lines (1-based, inclusive) of the section of Markdown `md` whose heading starts with
+/// `heading` (`## 10.`, `### A gentler remedy`: its level is that of `heading`), up to the line
+/// before the next heading of the same or a higher level (subsections included); `None` when
+/// there is no such heading. Lines inside fenced code blocks are never headings.
 pub fn section_lines(md: &str, heading: &str) -> Option<(usize, usize)> {
+    let level = heading_level(heading)?;
     let mut in_fence = false;
     let mut first = None;
     for (i, line) in md.lines().enumerate() {
@@ -176,10 +183,10 @@ pub fn section_lines(md: &str, heading: &str) -> Option<(usize, usize)> {
             in_fence = !in_fence;
             continue;
         }
-        let is_section_heading = !in_fence && (line.starts_with("## ") || line.starts_with("# "));
+        let this = if in_fence { None } else { heading_level(line) };
         match first {
-            None if is_section_heading && line.starts_with(heading) => first = Some(i + 1),
-            Some(f) if is_section_heading => return Some((f, i)),
+            None if this == Some(level) && line.starts_with(heading) => first = Some(i + 1),
+            Some(f) if this.is_some_and(|l| l <= level) => return Some((f, i)),
             _ => {}
         }
     }
@@ -283,6 +290,19 @@ mod tests {
     #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
     use super::*;
+
+    #[test]
+    fn a_section_ends_at_the_next_heading_of_its_level_or_higher() {
+        let md = "# Page\n## One\ntext\n### Sub\n```\n## not a heading\n```\nsub text\n### Next sub\n## Two\nend\n";
+        // `## One`: lines 2-9, its subsections and the fenced "heading" inside.
+        assert_eq!(section_lines(md, "## One"), Some((2, 9)));
+        // `### Sub`: up to the next level-3 heading.
+        assert_eq!(section_lines(md, "### Sub"), Some((4, 8)));
+        // The last section runs to the end; a level-3 prefix does not match a level-2 heading.
+        assert_eq!(section_lines(md, "## Two"), Some((10, 11)));
+        assert_eq!(section_lines(md, "### One"), None);
+        assert_eq!(section_lines(md, "plain"), None);
+    }
 
     #[test]
     fn fenced_blocks_are_found_with_their_info_strings() {

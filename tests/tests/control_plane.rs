@@ -66,7 +66,7 @@ async fn our_crds_apply_server_side_and_are_established() {
         assert!(managers.iter().any(|m| m == "byoh-tests"), "{managers:?}");
         names.push(name);
     }
-    assert_eq!(names.len(), 8, "CRDs in {}: {names:?}", dir.display());
+    assert_eq!(names.len(), 10, "CRDs in {}: {names:?}", dir.display());
     for name in names {
         eventually(
             &format!("CRD {name} Established"),

@@ -16,6 +16,8 @@ fn committed_crds_parse_as_apiextensions_v1_with_capi_names_and_labels() {
         ("byohosts", "ByoHost"),
         ("byomachines", "ByoMachine"),
         ("byomachinetemplates", "ByoMachineTemplate"),
+        ("byoremediations", "ByoRemediation"),
+        ("byoremediationtemplates", "ByoRemediationTemplate"),
         ("k8sinstallerconfigs", "K8sInstallerConfig"),
         ("k8sinstallerconfigtemplates", "K8sInstallerConfigTemplate"),
     ];

@@ -150,6 +150,25 @@ fn kill_group(pid: Option<u32>) {
     }
 }
 
+/// Kills a command's process group when dropped before [`GroupGuard::disarm`]: a run whose
+/// future is dropped (a bootstrap stopped because its claim was released) takes the command and
+/// everything it started with it, where `kill_on_drop` alone ends only the direct child and
+/// would leave e.g. `kubeadm join` under a killed shell running.
+struct GroupGuard(Option<u32>);
+
+impl GroupGuard {
+    /// The command ended by itself: its background children are left alone, as without a drop.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        kill_group(self.0.take());
+    }
+}
+
 impl CommandRunner for TokioRunner {
     async fn run(
         &self,
@@ -202,6 +221,7 @@ impl CommandRunner for TokioRunner {
             .kill_on_drop(true);
         let mut child = cmd.spawn()?;
         let pid = child.id();
+        let mut group = GroupGuard(pid);
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let out_task = tokio::spawn(async move {
@@ -218,6 +238,7 @@ impl CommandRunner for TokioRunner {
         });
         let exit = match tokio::time::timeout(timeout, child.wait()).await {
             Ok(status) => {
+                group.disarm();
                 let status = status?;
                 use std::os::unix::process::ExitStatusExt as _;
                 match (status.code(), status.signal()) {
@@ -227,7 +248,7 @@ impl CommandRunner for TokioRunner {
                 }
             }
             Err(_) => {
-                kill_group(pid);
+                drop(group);
                 let _ = child.kill().await;
                 Exit::TimedOut
             }
@@ -347,6 +368,37 @@ mod tests {
                 .unwrap();
             assert!(o.exit.success());
             assert!(start.elapsed() < Duration::from_secs(8));
+        });
+    }
+
+    #[test]
+    fn a_dropped_run_kills_the_commands_process_group() {
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let pid_file = dir.path().join("pid");
+            // The shell starts a child (as `sh -c 'kubeadm join …'` does) and waits for it.
+            let script = format!("sleep 60 & echo $! >{}; wait", pid_file.display());
+            let command = RawCommand::Shell(script);
+            let run = TokioRunner.run(&command, Duration::from_secs(60));
+            let dropped = tokio::time::timeout(Duration::from_millis(500), run).await;
+            assert!(dropped.is_err(), "the command ended by itself");
+            let pid: i32 = std::fs::read_to_string(&pid_file)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let start = std::time::Instant::now();
+            // Gone (or a zombie waiting for its reaper, no longer sleeping).
+            while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| stat.split(' ').nth(2).is_none_or(|s| s != "Z"))
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "the command's child {pid} still runs after the run was dropped"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         });
     }
 

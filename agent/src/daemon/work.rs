@@ -61,8 +61,35 @@ fn transition_event(
     }
 }
 
+/// Returns once the claim a running bootstrap works for is released, dropped or replaced
+/// ([`crate::hostwork::bootstrap_superseded`] on the newest ByoHost of `rx` and the local state)
+/// while the bootstrap's own commands run ([`HostWorker::interruptible`]); never otherwise.
+async fn superseded_while_commands_run(
+    worker: &HostWorker<SystemdManager, crate::cloudinit::TokioRunner>,
+    mut rx: tokio::sync::watch::Receiver<Option<ByoHost>>,
+) {
+    let mut running = worker.interruptible();
+    loop {
+        if *running.borrow_and_update() {
+            let host = rx.borrow_and_update().clone();
+            if let (Some(host), Ok(state)) = (host, worker.state_file().load())
+                && crate::hostwork::bootstrap_superseded(&host.spec, &state)
+            {
+                return;
+            }
+        }
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { std::future::pending::<()>().await },
+            changed = running.changed() => if changed.is_err() { std::future::pending::<()>().await },
+        }
+    }
+}
+
 /// Runs host work on every change of the ByoHost, again every [`WORK_RESYNC`], and retries
-/// failed rounds with backoff (1 s doubling to 30 s).
+/// failed rounds with backoff (1 s doubling to 30 s). A round whose bootstrap commands are
+/// running when its claim is released is stopped there (the commands' process groups killed,
+/// Warning Event `BootstrapAborted`) and the clean-up starts at once, instead of the host
+/// waiting for a hung `kubeadm join` to reach `[bootstrap] command_timeout`.
 pub(super) async fn work_loop(
     worker: HostWorker<SystemdManager, crate::cloudinit::TokioRunner>,
     mut rx: tokio::sync::watch::Receiver<Option<ByoHost>>,
@@ -74,8 +101,28 @@ pub(super) async fn work_loop(
     let mut failing = false;
     loop {
         let host = rx.borrow_and_update().clone();
-        let wait = match host {
-            Some(host) => match worker.work(&host).await {
+        let round = match &host {
+            Some(host) => tokio::select! {
+                result = worker.work(host) => Some(result),
+                () = superseded_while_commands_run(&worker, rx.clone()) => None,
+            },
+            None => None,
+        };
+        let wait = match (host, round) {
+            (Some(host), None) => {
+                tracing::warn!(
+                    "the claim was released while the bootstrap's commands ran: they were stopped (their process groups killed); cleaning up"
+                );
+                events.warning(
+                    event_reasons::BOOTSTRAP_ABORTED,
+                    "Bootstrap",
+                    "the claim was released while the bootstrap's commands ran: they were stopped; the host is cleaned up".into(),
+                    claim_machine(&host),
+                );
+                last = Some(Action::Bootstrap);
+                Duration::ZERO
+            }
+            (Some(host), Some(result)) => match result {
                 Ok(action) => {
                     transition_event(&worker, &events, &host, last.as_ref(), &action);
                     // The claim's install, bootstrap and clean-up code leaves memory with it.
@@ -116,7 +163,7 @@ pub(super) async fn work_loop(
                     d
                 }
             },
-            None => WORK_RESYNC,
+            (None, _) => WORK_RESYNC,
         };
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { return },

@@ -68,6 +68,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .as_ref()
                     .map(|e| e.host.clone()),
                 host_changes: Default::default(),
+                last_remediation: None,
             });
             self.save(state)?;
             tracing::info!(byoh_machine = %machine, "claim by ByoMachine {machine} accepted; starting the bootstrap");
@@ -224,10 +225,12 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         continue;
                     };
                     self.record_start(state, &step, Rerun::Never)?;
-                    if let Err(e) =
+                    let window = super::Interruptible::open(&self.interruptible);
+                    let ran =
                         cloudinit::run_boot_command(c, &self.runner, self.settings.command_timeout)
-                            .await
-                    {
+                            .await;
+                    drop(window);
+                    if let Err(e) = ran {
                         self.record_finish(state, &step, Err(e.to_string()))?;
                         return self
                             .fail(host, state, reasons::BOOTSTRAP_FAILED, e.to_string(), &[])

@@ -368,6 +368,34 @@ pub struct HostWorker<U, R> {
     units: U,
     runner: R,
     state: StateFile,
+    /// `true` while the bootstrap's own commands (`bootcmd`, `runcmd`) run: the only part of a
+    /// round that may be stopped from outside ([`HostWorker::interruptible`]).
+    interruptible: tokio::sync::watch::Sender<bool>,
+}
+
+/// Marks the bootstrap's commands as running while it lives ([`HostWorker::interruptible`]).
+struct Interruptible<'a>(&'a tokio::sync::watch::Sender<bool>);
+
+impl<'a> Interruptible<'a> {
+    fn open(flag: &'a tokio::sync::watch::Sender<bool>) -> Self {
+        flag.send_replace(true);
+        Interruptible(flag)
+    }
+}
+
+impl Drop for Interruptible<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
+}
+
+/// Whether a bootstrap under way must stop because the controller's spec is now `spec` (pure):
+/// the claim it works for was released (`releaseRequested`, e.g. a MachineHealthCheck
+/// remediated the Machine while `kubeadm join` hung), dropped, or replaced by another claim —
+/// wherever [`decide`] on the same local state says [`Action::Cleanup`]. A claim that only moved
+/// to a new ByoMachine UID ([`moved_claim`]) is the same claim: its bootstrap goes on.
+pub fn bootstrap_superseded(spec: &ByoHostSpec, state: &HostState) -> bool {
+    matches!(decide(spec, state), Action::Cleanup { .. })
 }
 
 /// The decoded bootstrap Secret.
@@ -383,6 +411,7 @@ pub mod kubelet_gate;
 pub mod leftovers;
 mod modules;
 mod probe;
+pub mod remediation;
 pub mod reset;
 mod restore;
 mod runcmd;
@@ -412,7 +441,19 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             units,
             runner,
             state,
+            interruptible: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Whether the bootstrap's own commands are running now (`bootcmd` and `runcmd`: a hung
+    /// `kubeadm join` is one), as a watch: only then may the caller stop a round by dropping
+    /// [`HostWorker::work`]'s future. The commands' process groups are killed with it
+    /// ([`crate::cloudinit::TokioRunner`]) and the local state holds the step as started, so the
+    /// clean-up that follows treats it as run. Never `true` while files are written, modules
+    /// applied or the installer runs (a package manager killed half-way leaves its database
+    /// locked or half-configured).
+    pub fn interruptible(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.interruptible.subscribe()
     }
 
     /// The state file.
@@ -462,7 +503,15 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             }
             Action::Provisioned => {
                 self.report(host, phase::PROVISIONED, &state, &provisioned_conditions())
-                    .await?
+                    .await?;
+                if let Some(request) = host
+                    .spec
+                    .claim
+                    .as_ref()
+                    .and_then(|claim| remediation::pending(claim, state.claim.as_ref()))
+                {
+                    self.remediate(request, &mut state).await?;
+                }
             }
             Action::Failed => {
                 let (reason, message) = match state.claim.as_ref().and_then(|c| c.outcome.clone()) {

@@ -88,6 +88,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
         let dir = self.runcmd_dir();
         crate::fsutil::ensure_dir(&dir.dir, 0o700).map_err(io(&dir.dir))?;
         self.record_start(state, &format!("runcmd[{index}]"), Rerun::Never)?;
+        let window = super::Interruptible::open(&self.interruptible);
         let outcome = script::run_batch(
             batch,
             &self.runner,
@@ -96,6 +97,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             resume,
         )
         .await;
+        drop(window);
         for i in &outcome.done {
             let step = format!("runcmd[{i}]");
             if let Some(w) = state.claim.as_mut() {
@@ -157,6 +159,7 @@ mod tests {
             containers_before: None,
             control_plane_endpoint: None,
             host_changes: Default::default(),
+            last_remediation: None,
         }
     }
 

@@ -20,6 +20,7 @@ fn claim(uid: &str, release: bool) -> HostClaim {
         service_cidrs: vec![],
         pod_cidrs: vec![],
         release_requested: release,
+        remediation: None,
     }
 }
 
@@ -38,6 +39,7 @@ fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
         containers_before: None,
         control_plane_endpoint: None,
         host_changes: Default::default(),
+        last_remediation: None,
     }
 }
 
@@ -57,6 +59,27 @@ fn failed() -> Option<Outcome> {
         reason: "BootstrapFailed".into(),
         message: "x".into(),
     })
+}
+
+#[test]
+fn a_bootstrap_stops_only_when_its_claim_is_released_dropped_or_replaced() {
+    let running = HostState {
+        claim: Some(work("u1", None)),
+        cleanup: None,
+        cleaned_machine_uid: None,
+    };
+    let mut moved = claim("u2", false);
+    moved.machine_ref.name = "m-u1".into();
+    for (spec, stops) in [
+        (spec(Some(claim("u1", false)), None), false),
+        (spec(Some(claim("u1", true)), None), true),
+        (spec(None, None), true),
+        (spec(Some(claim("u2", false)), None), true),
+        // clusterctl move re-keys the claim: the same claim, the bootstrap goes on.
+        (spec(Some(moved), None), false),
+    ] {
+        assert_eq!(bootstrap_superseded(&spec, &running), stops, "{spec:?}");
+    }
 }
 
 #[test]
@@ -450,4 +473,43 @@ fn a_moved_claim_is_the_same_claim() {
         None,
         "no providerID proves nothing"
     );
+}
+
+#[test]
+fn a_remedy_runs_once_per_request_and_only_on_the_claims_node() {
+    use byoh_api::byoremediation::{HostRemediation, RemediationAction};
+    let mut c = claim("u1", false);
+    c.remediation = Some(HostRemediation {
+        id: "r1/0".into(),
+        action: RemediationAction::RestartServices,
+    });
+    let node = work("u1", Some(Outcome::Bootstrapped));
+    assert_eq!(
+        remediation::pending(&c, Some(&node)).map(|r| r.id.as_str()),
+        Some("r1/0")
+    );
+    // Carried out already.
+    let mut done = node.clone();
+    done.last_remediation = Some("r1/0".into());
+    assert!(remediation::pending(&c, Some(&done)).is_none());
+    // The next step is a new request.
+    c.remediation = Some(HostRemediation {
+        id: "r1/1".into(),
+        action: RemediationAction::Reboot,
+    });
+    assert_eq!(
+        remediation::pending(&c, Some(&done)).map(|r| r.action),
+        Some(RemediationAction::Reboot)
+    );
+    // Not a node of this claim: bootstrapping, failed, another claim's record, no record.
+    for w in [
+        work("u1", None),
+        work("u1", failed()),
+        work("u0", Some(Outcome::Bootstrapped)),
+    ] {
+        assert!(remediation::pending(&c, Some(&w)).is_none(), "{w:?}");
+    }
+    assert!(remediation::pending(&c, None).is_none());
+    // No request.
+    assert!(remediation::pending(&claim("u1", false), Some(&node)).is_none());
 }

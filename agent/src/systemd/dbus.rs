@@ -244,6 +244,14 @@ impl UnitManager for SystemdManager {
         .await
     }
 
+    async fn reboot(&self) -> Result<(), SystemdError> {
+        self.manager
+            .start_unit("reboot.target".into(), "replace-irreversibly".into())
+            .await
+            .map(|_| ())
+            .map_err(bus("reboot", "reboot.target"))
+    }
+
     async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
         let proxy = self.unit_proxy(unit, false).await?;
         read_state(&proxy)

@@ -135,6 +135,10 @@ pub trait UnitManager {
     fn restart(&self, unit: &str) -> impl Future<Output = Result<(), SystemdError>> + Send;
     /// `LoadState`, `ActiveState` and `SubState` of `unit` (a missing unit is `not-found`).
     fn state(&self, unit: &str) -> impl Future<Output = Result<UnitState, SystemdError>> + Send;
+    /// `StartUnit("reboot.target", mode=replace-irreversibly)`, as `systemctl reboot` queues it
+    /// (systemctl(1)): returns once the job is queued, never waits for it — the shutdown that
+    /// follows stops this process.
+    fn reboot(&self) -> impl Future<Output = Result<(), SystemdError>> + Send;
 }
 
 /// A fake [`UnitManager`] for unit tests: records calls, keeps unit states in memory.
@@ -202,6 +206,10 @@ pub mod fake {
         async fn restart(&self, unit: &str) -> Result<(), SystemdError> {
             self.record(format!("restart {unit}"));
             self.set(unit, true);
+            Ok(())
+        }
+        async fn reboot(&self) -> Result<(), SystemdError> {
+            self.record("reboot".into());
             Ok(())
         }
         async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {

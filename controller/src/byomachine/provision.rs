@@ -224,6 +224,7 @@ pub(super) async fn provision(
             service_cidrs,
             pod_cidrs,
             release_requested: false,
+            remediation: None,
         };
         let machines_known = ctx.machines_ready.is_ready();
         // Before the Machine cache is filled, absence proves nothing: keep such hosts held.
