@@ -630,6 +630,24 @@ pub async fn claim_host_with(
     Ok(())
 }
 
+/// Merges `fields` into `spec.claim` of ByoHost `namespace/name`, as the controller writes its
+/// decisions there.
+///
+/// Errors when the API server refuses the patch.
+pub async fn patch_claim(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    fields: serde_json::Value,
+) -> anyhow::Result<()> {
+    let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({ "spec": { "claim": fields } });
+    hosts
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
 /// Asks for the release of the claim on ByoHost `namespace/name` (as the controller does when
 /// the ByoMachine is deleted).
 ///
@@ -639,12 +657,13 @@ pub async fn request_release(
     namespace: &str,
     name: &str,
 ) -> anyhow::Result<()> {
-    let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({ "spec": { "claim": { "releaseRequested": true } } });
-    hosts
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await?;
-    Ok(())
+    patch_claim(
+        client,
+        namespace,
+        name,
+        serde_json::json!({ "releaseRequested": true }),
+    )
+    .await
 }
 
 /// Drops the claim on ByoHost `namespace/name` (as the controller does after the clean-up).

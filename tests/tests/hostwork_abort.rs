@@ -100,20 +100,7 @@ async fn a_claim_released_while_kubeadm_join_hangs_stops_the_join_and_the_host_c
     .await
     .unwrap();
     let stopped_after = released.elapsed();
-    wait_for("cleanedMachineUID", Duration::from_secs(60), || async {
-        Ok(hosts.get_opt(&name).await?.filter(|h| {
-            h.status
-                .as_ref()
-                .and_then(|s| s.cleaned_machine_uid.as_deref())
-                == Some(UID)
-        }))
-    })
-    .await
-    .unwrap();
-    agent::drop_claim(&client, ns.name(), &name).await.unwrap();
-    agent::wait_phase(&hosts, &name, "Available", Duration::from_secs(60))
-        .await
-        .unwrap();
+    byoh_tests::packages_claim::wait_released(&client, ns.name(), &hosts, &name, UID).await;
     eprintln!(
         "hostwork_abort: the hung join was stopped {:.1} s after the release was requested",
         stopped_after.as_secs_f64()
