@@ -4,7 +4,8 @@
 //! Machine, and deletes it once the Machine is healthy again).
 //!
 //! [`decide`] (pure) picks the next step from the ByoRemediation's spec and status and the
-//! Machine's host; [`reconcile`] carries it out:
+//! Machine's host, and whether the Machine's Cluster or the request is paused (then nothing
+//! happens; looked at again every [`PAUSED_LOOK_AGAIN`]); [`reconcile`] carries it out:
 //! - ask the host for the next remedy: `spec.claim.remediation` of the Machine's ByoHost
 //!   (`{id: <ByoRemediation UID>/<step>, action}`, a JSON Patch that first tests the claim is
 //!   still this ByoMachine's), the step appended to `status.steps`, a Normal Event
@@ -41,6 +42,8 @@ pub const FIELD_MANAGER: &str = "byoh-remediation";
 /// Reason of the hand-over's `OwnerRemediated=False` (Cluster API v1beta2,
 /// `MachineOwnerRemediatedWaitingForRemediationReason`).
 pub const WAITING_FOR_REMEDIATION: &str = "WaitingForRemediation";
+/// How often a paused ByoRemediation is looked at again.
+pub const PAUSED_LOOK_AGAIN: Duration = Duration::from_secs(30);
 /// Event reason: a step was asked of the host.
 pub const REMEDIATION_STEP: &str = "RemediationStep";
 /// Event reason: the Machine went back to its owner for replacement.
@@ -78,19 +81,27 @@ pub enum Next {
     },
     /// Handed over already: nothing to do.
     Done,
+    /// The Machine's Cluster or the request is paused: nothing now, look again later.
+    Paused,
 }
 
-/// The next step (pure): nothing once handed over; a hand-over when there is no host or the
-/// host is not the Machine's node (no remedy makes a Node of it) or the last step's timeout
-/// passed; the first or next step otherwise, or a wait for the running step's timeout.
+/// The next step (pure): nothing once handed over, nor while `paused` (the Machine's Cluster
+/// or the request carries Cluster API's pause: `spec.paused` or `cluster.x-k8s.io/paused`, as
+/// during `clusterctl move`); a hand-over when there is no host or the host is not the
+/// Machine's node (no remedy makes a Node of it) or the last step's timeout passed; the first or
+/// next step otherwise, or a wait for the running step's timeout.
 pub fn decide(
     spec: &ByoRemediationSpec,
     status: &ByoRemediationStatus,
     host: Option<&HostView>,
+    paused: bool,
     now: Timestamp,
 ) -> Next {
     if status.phase.as_deref() == Some(PHASE_HANDED_OVER) {
         return Next::Done;
+    }
+    if paused {
+        return Next::Paused;
     }
     let Some(host) = host else {
         return Next::HandOver {
@@ -175,6 +186,15 @@ pub async fn reconcile(r: Arc<ByoRemediation>, ctx: Arc<Context>) -> Result<Acti
     else {
         return Ok(Action::await_change());
     };
+    let cluster = crate::capi::clusters(ctx.client.clone(), &ns)
+        .get_opt(&machine.spec.cluster_name)
+        .await
+        .map_err(Error::kube(format!(
+            "reading Cluster {ns}/{}",
+            machine.spec.cluster_name
+        )))?;
+    let paused = cluster.as_ref().is_some_and(crate::capi::cluster_paused)
+        || r.annotations().contains_key(byoh_api::labels::PAUSED);
     let byomachine = match machine
         .spec
         .infrastructure_ref
@@ -207,8 +227,10 @@ pub async fn reconcile(r: Arc<ByoRemediation>, ctx: Arc<Context>) -> Result<Acti
     });
     let status = r.status.clone().unwrap_or_default();
     let now = Timestamp::now();
-    match decide(&r.spec, &status, view.as_ref(), now) {
+    match decide(&r.spec, &status, view.as_ref(), paused, now) {
         Next::Done => Ok(Action::await_change()),
+        // Nothing watches the Cluster for this reconciler: look again.
+        Next::Paused => Ok(Action::requeue(PAUSED_LOOK_AGAIN)),
         Next::Wait { until } => Ok(Action::requeue(wait_for(now, until))),
         Next::Ask { index, action } => {
             let (Some(host), Some(bm_uid)) = (view, bm_uid) else {
@@ -381,7 +403,7 @@ mod tests {
         };
         let host = Some(&node);
         assert_eq!(
-            decide(&spec, &ByoRemediationStatus::default(), host, at(0)),
+            decide(&spec, &ByoRemediationStatus::default(), host, false, at(0)),
             Next::Ask {
                 index: 0,
                 action: RestartServices
@@ -389,11 +411,11 @@ mod tests {
         );
         let one = ran(&[(RestartServices, 0)]);
         assert_eq!(
-            decide(&spec, &one, host, at(299)),
+            decide(&spec, &one, host, false, at(299)),
             Next::Wait { until: at(300) }
         );
         assert_eq!(
-            decide(&spec, &one, host, at(300)),
+            decide(&spec, &one, host, false, at(300)),
             Next::Ask {
                 index: 1,
                 action: Reboot
@@ -401,16 +423,16 @@ mod tests {
         );
         let two = ran(&[(RestartServices, 0), (Reboot, 300)]);
         assert_eq!(
-            decide(&spec, &two, host, at(599)),
+            decide(&spec, &two, host, false, at(599)),
             Next::Wait { until: at(600) }
         );
         assert!(matches!(
-            decide(&spec, &two, host, at(600)),
+            decide(&spec, &two, host, false, at(600)),
             Next::HandOver { why } if why.contains("300 s after the last remedy (Reboot on ByoHost h1)")
         ));
         let mut done = two.clone();
         done.phase = Some(PHASE_HANDED_OVER.into());
-        assert_eq!(decide(&spec, &done, host, at(601)), Next::Done);
+        assert_eq!(decide(&spec, &done, host, false, at(601)), Next::Done);
 
         // Named steps and timeout.
         let only_restart = ByoRemediationSpec {
@@ -418,9 +440,43 @@ mod tests {
             step_timeout_seconds: Some(60),
         };
         assert!(matches!(
-            decide(&only_restart, &ran(&[(RestartServices, 0)]), host, at(60)),
+            decide(
+                &only_restart,
+                &ran(&[(RestartServices, 0)]),
+                host,
+                false,
+                at(60)
+            ),
             Next::HandOver { .. }
         ));
+    }
+
+    #[test]
+    fn a_paused_cluster_or_request_gets_no_step_and_no_hand_over() {
+        use RemediationAction::RestartServices;
+        let spec = ByoRemediationSpec::default();
+        let node = HostView {
+            name: "h1".into(),
+            node: true,
+        };
+        // Not the first step, not the next one after a timeout, not a hand-over.
+        for status in [
+            ByoRemediationStatus::default(),
+            ran(&[(RestartServices, 0)]),
+        ] {
+            assert_eq!(
+                decide(&spec, &status, Some(&node), true, at(900)),
+                Next::Paused
+            );
+        }
+        assert_eq!(
+            decide(&spec, &ByoRemediationStatus::default(), None, true, at(0)),
+            Next::Paused
+        );
+        // Handed over already: done, paused or not.
+        let mut done = ran(&[(RestartServices, 0)]);
+        done.phase = Some(PHASE_HANDED_OVER.into());
+        assert_eq!(decide(&spec, &done, Some(&node), true, at(900)), Next::Done);
     }
 
     #[test]
@@ -428,7 +484,7 @@ mod tests {
         let spec = ByoRemediationSpec::default();
         let fresh = ByoRemediationStatus::default();
         assert!(matches!(
-            decide(&spec, &fresh, None, at(0)),
+            decide(&spec, &fresh, None, false, at(0)),
             Next::HandOver { why } if why.contains("no BYOH host")
         ));
         let bootstrapping = HostView {
@@ -436,7 +492,7 @@ mod tests {
             node: false,
         };
         assert!(matches!(
-            decide(&spec, &fresh, Some(&bootstrapping), at(0)),
+            decide(&spec, &fresh, Some(&bootstrapping), false, at(0)),
             Next::HandOver { why } if why.contains("ByoHost h2 is not the Machine's node")
         ));
     }
