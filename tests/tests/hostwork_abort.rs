@@ -8,11 +8,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use byoh_api::ByoHost;
 use byoh_tests::agent::{self, wait_for};
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::hosts::{self, Host};
-use kube::Api;
 use std::time::Duration;
 
 /// A stand-in `kubeadm` whose `join` never returns (it records its PID first); every other
@@ -49,16 +47,7 @@ async fn a_claim_released_while_kubeadm_join_hangs_stops_the_join_and_the_host_c
     host.write_file("/usr/local/bin/kubeadm", HANGING_KUBEADM.as_bytes(), 0o755)
         .await
         .unwrap();
-    agent::register(
-        &client,
-        &control_plane::kubeconfig_path().unwrap(),
-        ns.name(),
-        &host,
-        "",
-    )
-    .await
-    .unwrap();
-    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    let hosts = agent::register_in(&client, ns.name(), &host).await.unwrap();
     let before = agent::snapshot(&host).await.unwrap();
 
     agent::create_bootstrap_secret(
