@@ -169,6 +169,27 @@ pub struct ClaimWork {
     /// a record of an agent that did not keep it (then none is removed, and each is reported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containers_before: Option<Vec<String>>,
+    /// The image references of containerd's `k8s.io` namespace (the kubelet's) and their
+    /// digests when the claim began (`ctr -n k8s.io images ls`; empty when there was no `ctr`,
+    /// so no containerd to hold any), so that the clean-up removes the references the claim
+    /// added and puts back those it changed (`hostwork::images`); `None` when they could not be
+    /// listed, or in a record of an agent that did not keep it (then they are not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images_before: Option<Vec<ImageRef>>,
+    /// The containers of containerd's namespaces other than `k8s.io` when the claim began, as
+    /// `NAMESPACE/ID` (`ctr namespaces ls -q`, then `ctr -n NAMESPACE containers ls -q`; empty
+    /// without `ctr`), so that the clean-up names those made during the claim; `None` when they
+    /// could not be listed, or in a record of an agent that did not keep it (not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_containers_before: Option<Vec<String>>,
+    /// The unit files of the host when the claim began: paths below `/etc/systemd/system`
+    /// (files and links, `multi-user.target.wants/x.service` for an enabled unit) and the
+    /// transient services, timers, sockets and paths of `/run/systemd/transient` (as
+    /// `transient/NAME`), so that the clean-up names those made during the claim, which would
+    /// run on into the next one; `None` when they could not be read, or in a record of an agent
+    /// that did not keep it (not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_files_before: Option<Vec<String>>,
     /// The host of the Cluster's control-plane endpoint when the claim began
     /// (`spec.claim.controlPlaneEndpoint.host`): if the claim added this address to one of the
     /// host's interfaces (kube-vip's virtual IP), the clean-up removes it.
@@ -192,6 +213,17 @@ pub struct HostAddress {
     pub dev: String,
     /// The address with its prefix length, e.g. `198.18.0.200/32`.
     pub cidr: String,
+}
+
+/// A reference of containerd's image store and what it points at, as `ctr images ls` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRef {
+    /// The reference, e.g. `registry.k8s.io/pause:3.10`, or `sha256:…` (the CRI plugin names
+    /// each image by its ID too).
+    pub name: String,
+    /// The digest of its target (the manifest or index), `sha256:` and 64 hex digits.
+    pub digest: String,
 }
 
 /// The host's network interfaces and addresses at one moment.
@@ -420,6 +452,9 @@ mod tests {
             containers_before: None,
             control_plane_endpoint: None,
             host_changes: Default::default(),
+            images_before: None,
+            other_containers_before: None,
+            unit_files_before: None,
             last_remediation: None,
         }
     }

@@ -539,6 +539,39 @@ pub async fn register_in(
     Ok(Api::namespaced(client.clone(), namespace))
 }
 
+/// A registered test host with a stand-in `kubeadm`, as most host-work tests begin: a namespace
+/// of the test control plane named after `label`, a host booted as `label` with `kubeadm`
+/// (the program's bytes) at `/usr/local/bin/kubeadm`, registered there ([`register_in`]).
+/// `None` when the test control plane or the test hosts are missing (the missing-part rule
+/// decides, in `control_plane::client` and `hosts::available`).
+///
+/// # Panics
+/// When a step fails: this is test set-up, and a panic is the failure report.
+#[allow(clippy::unwrap_used)]
+pub async fn boot_registered(
+    label: &str,
+    kubeadm: &[u8],
+) -> Option<(
+    kube::Client,
+    crate::control_plane::TestNamespace,
+    Host,
+    Api<byoh_api::ByoHost>,
+)> {
+    let client = crate::control_plane::client().await?;
+    if !crate::hosts::available() {
+        return None;
+    }
+    let ns = crate::control_plane::TestNamespace::create(&client, label)
+        .await
+        .unwrap();
+    let host = Host::boot(label).await.unwrap();
+    host.write_file("/usr/local/bin/kubeadm", kubeadm, 0o755)
+        .await
+        .unwrap();
+    let hosts = register_in(&client, ns.name(), &host).await.unwrap();
+    Some((client, ns, host, hosts))
+}
+
 /// Waits until ByoHost `name` of `hosts` reports `status.phase` `phase`; returns it.
 ///
 /// Errors after `timeout`.

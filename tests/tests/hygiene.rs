@@ -79,32 +79,6 @@ async fn wait_cleaned(hosts: &Api<ByoHost>, name: &str, uid: &str, secs: u64) {
     .unwrap();
 }
 
-async fn setup(
-    label: &str,
-    kubeadm: &[u8],
-) -> Option<(kube::Client, TestNamespace, Host, Api<ByoHost>)> {
-    let client = control_plane::client().await?;
-    if !hosts::available() {
-        return None;
-    }
-    let ns = TestNamespace::create(&client, label).await.unwrap();
-    let host = Host::boot(label).await.unwrap();
-    host.write_file("/usr/local/bin/kubeadm", kubeadm, 0o755)
-        .await
-        .unwrap();
-    agent::register(
-        &client,
-        &control_plane::kubeconfig_path().unwrap(),
-        ns.name(),
-        &host,
-        "",
-    )
-    .await
-    .unwrap();
-    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
-    Some((client, ns, host, hosts))
-}
-
 /// Claims `host` for `machine`/`uid` with [`DATA`] and waits until it is provisioned.
 async fn claim(client: &kube::Client, ns: &str, hosts: &Api<ByoHost>, name: &str, uid: &str) {
     claim_with(client, ns, hosts, name, uid, DATA).await
@@ -157,7 +131,9 @@ async fn mounts_below(host: &Host, dir: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn release_unmounts_volumes_below_the_kubelet_dir_and_never_deletes_the_data_behind_them() {
-    let Some((client, ns, host, hosts)) = setup("hyg-mounts", NOOP_KUBEADM.as_bytes()).await else {
+    let Some((client, ns, host, hosts)) =
+        agent::boot_registered("hyg-mounts", NOOP_KUBEADM.as_bytes()).await
+    else {
         return;
     };
     let name = host.name().to_string();
@@ -321,7 +297,8 @@ async fn kubeadm_reset_uses_the_kubelets_cri_socket_and_a_failed_reset_keeps_the
     }
     let artifacts = byoh_tests::kubeadm::stage_artifacts().unwrap();
     let real_kubeadm = std::fs::read(artifacts.join("kubeadm")).unwrap();
-    let Some((client, ns, host, hosts)) = setup("hyg-reset", &real_kubeadm).await else {
+    let Some((client, ns, host, hosts)) = agent::boot_registered("hyg-reset", &real_kubeadm).await
+    else {
         return;
     };
     let name = host.name().to_string();
@@ -439,7 +416,9 @@ async fn kubeadm_reset_uses_the_kubelets_cri_socket_and_a_failed_reset_keeps_the
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_left_unclean_after_the_clean_up_is_quarantined_until_it_is_clean() {
-    let Some((client, ns, host, hosts)) = setup("hyg-verify", NOOP_KUBEADM.as_bytes()).await else {
+    let Some((client, ns, host, hosts)) =
+        agent::boot_registered("hyg-verify", NOOP_KUBEADM.as_bytes()).await
+    else {
         return;
     };
     let name = host.name().to_string();

@@ -46,6 +46,25 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 &self.settings.state_dir,
             )
             .await;
+            let images_before = super::images::before_claim(
+                &self.settings.root,
+                &self.runner,
+                &self.settings.state_dir,
+            )
+            .await;
+            let other_containers_before = super::probe::other_containers_before_claim(
+                &self.settings.root,
+                &self.runner,
+                &self.settings.state_dir,
+            )
+            .await;
+            let unit_files_before = super::probe::unit_files(&self.settings.root)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "reading the host's unit files before the claim: {e}; the clean-up will not check for units the claim added"
+                    )
+                })
+                .ok();
             state.claim = Some(ClaimWork {
                 machine_uid: claim.machine_ref.uid.clone(),
                 machine_name: machine.clone(),
@@ -63,6 +82,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .collect(),
                 network_before,
                 containers_before,
+                images_before,
+                other_containers_before,
+                unit_files_before,
                 control_plane_endpoint: claim
                     .control_plane_endpoint
                     .as_ref()

@@ -318,6 +318,15 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .claim
                     .as_ref()
                     .and_then(|w| w.containers_before.clone());
+                let images_before = state.claim.as_ref().and_then(|w| w.images_before.clone());
+                let other_containers_before = state
+                    .claim
+                    .as_ref()
+                    .and_then(|w| w.other_containers_before.clone());
+                let unit_files_before = state
+                    .claim
+                    .as_ref()
+                    .and_then(|w| w.unit_files_before.clone());
                 let endpoint = state
                     .claim
                     .as_ref()
@@ -331,6 +340,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         preexisting_dirs: &preexisting,
                         network_before: network_before.as_ref(),
                         containers_before: containers_before.as_deref(),
+                        images_before: images_before.as_deref(),
+                        other_containers_before: other_containers_before.as_deref(),
+                        unit_files_before: unit_files_before.as_deref(),
                         control_plane_endpoint: endpoint.as_deref(),
                         scratch: &me.settings.state_dir,
                     };

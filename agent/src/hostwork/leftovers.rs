@@ -422,9 +422,9 @@ pub fn nft_leftovers(
     left
 }
 
-/// The containers of `now` that were not there when the claim began (`before`; every one when
-/// that was not recorded), in `now`'s order.
-pub fn claim_containers(before: Option<&[String]>, now: &[String]) -> Vec<String> {
+/// The names of `now` (container IDs, `NAMESPACE/ID`s, unit file paths) that were not there
+/// when the claim began (`before`; every one when that was not recorded), in `now`'s order.
+pub fn added_since(before: Option<&[String]>, now: &[String]) -> Vec<String> {
     now.iter()
         .filter(|id| before.is_none_or(|b| !b.contains(id)))
         .cloned()
@@ -445,6 +445,39 @@ pub fn container_leftovers(tool: ContainerTool, ids: &[String]) -> Vec<String> {
     vec![format!(
         "containers are left in containerd's k8s.io namespace: {}: {fix}",
         list(ids)
+    )]
+}
+
+/// One line naming the containers of containerd's other namespaces (`NAMESPACE/ID`, see
+/// `probe::other_containers`) that were not there when the claim began, with their removal. The
+/// agent removes none of them: they are not the kubelet's, and belong to another program's
+/// namespace (a Docker Engine's `moby`) or to whoever made them during the claim, whose
+/// processes would otherwise run on into the next cluster; the host stays quarantined until
+/// someone who knows removes them.
+pub fn other_container_leftovers(before: &[String], now: &[String]) -> Vec<String> {
+    let new = added_since(Some(before), now);
+    if new.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "containers made during the claim are left in containerd namespaces other than k8s.io (NAMESPACE/ID): {}: ctr -n NAMESPACE tasks delete -f ID; ctr -n NAMESPACE containers delete ID",
+        list(&new)
+    )]
+}
+
+/// One line naming the unit files (see `probe::unit_files`) that were not there when the claim
+/// began, with their removal: a unit the claim's root process installed or enabled, or a
+/// transient one it started, would run on into the next claim. The agent removes none of them
+/// (an administrator may have added one while the host was claimed); the host stays quarantined
+/// until they are gone.
+pub fn unit_file_leftovers(before: &[String], now: &[String]) -> Vec<String> {
+    let new = added_since(Some(before), now);
+    if new.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "unit files made during the claim are left in /etc/systemd/system (transient/: a running systemd-run unit): {}: systemctl disable --now UNIT and remove its file (transient: systemctl stop UNIT)",
+        list(&new)
     )]
 }
 
@@ -484,7 +517,7 @@ pub fn decide(
     if let Some((tool, ids)) = &now.containers {
         left.extend(container_leftovers(
             *tool,
-            &claim_containers(containers_before, ids),
+            &added_since(containers_before, ids),
         ));
     }
     left

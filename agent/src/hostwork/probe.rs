@@ -1,8 +1,8 @@
 //! Gathers the facts `leftovers.rs` judges: the host's interfaces (`/sys/class/net`) and
 //! addresses (getifaddrs(3) for IPv4, `/proc/net/if_inet6` for IPv6, whose flags tell a
 //! permanent address from an autoconfigured one), and, through the [`CommandRunner`], the output
-//! of `iptables-save`, `ip6tables-save`, `nft list ruleset` and `ctr -n k8s.io containers ls -q`
-//! (or `crictl ps -a -q`) when those tools exist. A tool that is missing or fails is skipped
+//! of `iptables-save`, `ip6tables-save`, `nft list ruleset`, `ctr -n k8s.io containers ls -q`
+//! (or `crictl ps -a -q`) and the containers of containerd's other namespaces when those tools exist. A tool that is missing or fails is skipped
 //! (logged): its absence is not a leftover. It also removes the KUBE-/CNI- iptables chains the
 //! claim created ([`remove_claim_chains`]): the kubelet's own (`KUBE-FIREWALL`,
 //! `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) and kube-proxy's, which `kubeadm reset` leaves;
@@ -141,7 +141,7 @@ pub async fn remove_claim_chains(
     }
 }
 
-fn find_tool(root: &Path, name: &str) -> Option<String> {
+pub(super) fn find_tool(root: &Path, name: &str) -> Option<String> {
     TOOL_DIRS
         .iter()
         .map(|d| format!("{d}/{name}"))
@@ -151,7 +151,7 @@ fn find_tool(root: &Path, name: &str) -> Option<String> {
 /// Runs `argv` with its standard output in `scratch` (the runner keeps only standard error):
 /// the output, or why it failed (exit status and standard error's tail, or why it did not
 /// start).
-async fn run(
+pub(super) async fn run(
     runner: &impl CommandRunner,
     scratch: &Path,
     argv: &[String],
@@ -220,7 +220,7 @@ pub async fn remove_claim_network(
     }
 }
 
-async fn tool_output(
+pub(super) async fn tool_output(
     runner: &impl CommandRunner,
     root: &Path,
     scratch: &Path,
@@ -305,6 +305,96 @@ pub async fn containers_before_claim(
     containers(root, runner, scratch).await.map(|(_, ids)| ids)
 }
 
+/// The containers of containerd's namespaces other than `k8s.io` (`ctr namespaces ls -q`, then
+/// `ctr -n NAMESPACE containers ls -q` for each), as `NAMESPACE/ID`, sorted: a Docker Engine's
+/// (`moby`), BuildKit's (`buildkit`), or any a claim's root process made. `None` when there is
+/// no `ctr` or a listing failed (logged).
+pub async fn other_containers(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Option<Vec<String>> {
+    let namespaces = tool_output(runner, root, scratch, "ctr", &["namespaces", "ls", "-q"]).await?;
+    let mut all = Vec::new();
+    for ns in namespaces
+        .lines()
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && *n != super::images::CRI_NAMESPACE)
+    {
+        let ids = tool_output(
+            runner,
+            root,
+            scratch,
+            "ctr",
+            &["-n", ns, "containers", "ls", "-q"],
+        )
+        .await?;
+        all.extend(
+            ids.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(|id| format!("{ns}/{id}")),
+        );
+    }
+    all.sort();
+    Some(all)
+}
+
+/// [`other_containers`] as a claim begins, for `ClaimWork::other_containers_before`: empty
+/// without `ctr` (no containerd, so none), `None` when a listing failed.
+pub async fn other_containers_before_claim(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Option<Vec<String>> {
+    if find_tool(root, "ctr").is_none() {
+        return Some(Vec::new());
+    }
+    other_containers(root, runner, scratch).await
+}
+
+/// Where the host's administrator (and anyone with root) puts unit files and enables units.
+pub const UNIT_DIR: &str = "/etc/systemd/system";
+/// Where systemd keeps the files of transient units (`systemd-run`).
+const TRANSIENT_UNIT_DIR: &str = "/run/systemd/transient";
+/// The kinds of transient unit that run something of their own; scopes and slices (the
+/// kubelet's pods, `systemd-run --scope`) end with what they hold.
+const TRANSIENT_KINDS: &[&str] = &[".service", ".timer", ".socket", ".path"];
+
+/// The unit files of the host under `root`, for `ClaimWork::unit_files_before`: every file and
+/// link below [`UNIT_DIR`] as a path relative to it, and the transient units of
+/// [`TRANSIENT_KINDS`] as `transient/NAME`; sorted.
+///
+/// # Errors
+/// When [`UNIT_DIR`] cannot be read (a missing transient directory is none).
+pub fn unit_files(root: &Path) -> std::io::Result<Vec<String>> {
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) -> std::io::Result<()> {
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = format!("{prefix}{}", e.file_name().to_string_lossy());
+            if e.file_type()?.is_dir() {
+                walk(&e.path(), &format!("{name}/"), out)?;
+            } else {
+                out.push(name);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(&under(root, UNIT_DIR), "", &mut out)?;
+    if let Ok(entries) = std::fs::read_dir(under(root, TRANSIENT_UNIT_DIR)) {
+        out.extend(
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| TRANSIENT_KINDS.iter().any(|k| n.ends_with(k)))
+                .map(|n| format!("transient/{n}")),
+        );
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Removes the containers of containerd's `k8s.io` namespace that were not there when the
 /// claim began (`before`): the claim's kubelet made them, and `kubeadm reset` leaves them when
 /// its own removal through the CRI fails (it only warns). With `ctr`: `tasks delete -f ID` (kills
@@ -333,7 +423,7 @@ pub async fn remove_claim_containers(
     let Some(path) = find_tool(root, name) else {
         return;
     };
-    for id in leftovers::claim_containers(Some(before), &now) {
+    for id in leftovers::added_since(Some(before), &now) {
         let mut last = Ok(String::new());
         for args in steps {
             let mut argv = vec![path.clone()];
@@ -356,6 +446,45 @@ pub async fn remove_claim_containers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_files_are_the_unit_dirs_files_and_links_and_the_running_kinds_of_transient_units() {
+        let root = tempfile::tempdir().unwrap();
+        let etc = root.path().join("etc/systemd/system");
+        std::fs::create_dir_all(etc.join("multi-user.target.wants")).unwrap();
+        std::fs::create_dir_all(etc.join("getty.target.wants")).unwrap();
+        std::fs::write(etc.join("tenant.service"), "[Service]\n").unwrap();
+        std::os::unix::fs::symlink(
+            "/etc/systemd/system/tenant.service",
+            etc.join("multi-user.target.wants/tenant.service"),
+        )
+        .unwrap();
+        assert_eq!(
+            unit_files(root.path()).unwrap(),
+            ["multi-user.target.wants/tenant.service", "tenant.service"],
+            "an empty directory is no unit file; no transient directory is none"
+        );
+        let transient = root.path().join("run/systemd/transient");
+        std::fs::create_dir_all(&transient).unwrap();
+        for n in [
+            "run-r1.scope",
+            "kubepods.slice",
+            "tenant-run.service",
+            "t.timer",
+        ] {
+            std::fs::write(transient.join(n), "").unwrap();
+        }
+        assert_eq!(
+            unit_files(root.path()).unwrap(),
+            [
+                "multi-user.target.wants/tenant.service",
+                "tenant.service",
+                "transient/t.timer",
+                "transient/tenant-run.service"
+            ]
+        );
+        assert!(unit_files(&root.path().join("nowhere")).is_err());
+    }
 
     #[test]
     fn reads_links_under_the_root_and_this_machines_addresses() {

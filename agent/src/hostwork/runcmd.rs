@@ -159,6 +159,9 @@ mod tests {
             containers_before: None,
             control_plane_endpoint: None,
             host_changes: Default::default(),
+            images_before: None,
+            other_containers_before: None,
+            unit_files_before: None,
             last_remediation: None,
         }
     }

@@ -39,6 +39,9 @@ fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
         containers_before: None,
         control_plane_endpoint: None,
         host_changes: Default::default(),
+        images_before: None,
+        other_containers_before: None,
+        unit_files_before: None,
         last_remediation: None,
     }
 }

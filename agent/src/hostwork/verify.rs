@@ -19,6 +19,14 @@
 //! which `kubeadm reset` leaves on every host), with the rules jumping into them, and the
 //! `k8s.io` containers that were not (the claim's kubelet made them; `kubeadm reset` leaves
 //! them when its removal through the CRI fails).
+//!
+//! And what a claim's root process could leave for the next cluster (issue 43, item 4): the
+//! references of containerd's `k8s.io` image store are put back as they were when the claim
+//! began (`images.rs`: added ones removed, changed ones pointed back at their old content),
+//! and what still differs is reported; containers made during the claim in containerd's other
+//! namespaces are reported, not removed (another program's, e.g. a Docker Engine's `moby`),
+//! and so are unit files made during the claim below `/etc/systemd/system` and transient
+//! services, timers, sockets and paths (`systemd-run`) that run on.
 
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
@@ -39,6 +47,15 @@ pub struct Claim<'a> {
     /// The containers of containerd's `k8s.io` namespace when the claim began (`None`: not
     /// recorded, so none is removed).
     pub containers_before: Option<&'a [String]>,
+    /// The references of containerd's `k8s.io` image store when the claim began (`None`: not
+    /// recorded, so not checked).
+    pub images_before: Option<&'a [crate::state::ImageRef]>,
+    /// The containers of containerd's other namespaces when the claim began, `NAMESPACE/ID`
+    /// (`None`: not recorded, so not checked).
+    pub other_containers_before: Option<&'a [String]>,
+    /// The unit files when the claim began (`probe::unit_files`; `None`: not recorded, so not
+    /// checked).
+    pub unit_files_before: Option<&'a [String]>,
     /// The host of the Cluster's control-plane endpoint when the claim began (an IP is removed
     /// from the host's interfaces if the claim added it).
     pub control_plane_endpoint: Option<&'a str>,
@@ -92,6 +109,10 @@ pub async fn leftovers(
     if let Some(before) = claim.containers_before {
         super::probe::remove_claim_containers(root, runner, claim.scratch, before).await;
     }
+    // After the containers: nothing uses an image reference the repair removes.
+    if let Some(before) = claim.images_before {
+        super::images::repair(root, runner, claim.scratch, before).await;
+    }
     for u in crate::doctor::busy_ports_of(CLAIM_PORTS) {
         if let Some(owner) = u.owner {
             left.push(format!(
@@ -133,5 +154,21 @@ pub async fn leftovers(
         claim.containers_before,
         &now,
     ));
+    if let Some(before) = claim.images_before
+        && let Some(images) = super::images::list(root, runner, claim.scratch).await
+    {
+        left.extend(super::images::image_leftovers(before, &images));
+    }
+    if let Some(before) = claim.other_containers_before
+        && let Some(others) = super::probe::other_containers(root, runner, claim.scratch).await
+    {
+        left.extend(super::leftovers::other_container_leftovers(before, &others));
+    }
+    if let Some(before) = claim.unit_files_before {
+        match super::probe::unit_files(root) {
+            Ok(now) => left.extend(super::leftovers::unit_file_leftovers(before, &now)),
+            Err(e) => tracing::warn!("verify: reading the host's unit files: {e}; not checked"),
+        }
+    }
     Ok(left)
 }

@@ -376,12 +376,12 @@ fn only_the_containers_the_claim_created_are_its_and_named() {
     let now: Vec<String> = ["sandbox1", "etcd1", "older"].map(String::from).to_vec();
     let before = vec!["older".to_string()];
     assert_eq!(
-        claim_containers(Some(&before), &now),
+        added_since(Some(&before), &now),
         ["sandbox1", "etcd1"],
         "those not there before the claim"
     );
-    assert_eq!(claim_containers(None, &now), now, "not recorded: every one");
-    assert_eq!(claim_containers(Some(&now), &now), Vec::<String>::new());
+    assert_eq!(added_since(None, &now), now, "not recorded: every one");
+    assert_eq!(added_since(Some(&now), &now), Vec::<String>::new());
     let host = HostNow {
         containers: Some((ContainerTool::Ctr, now.clone())),
         ..Default::default()
@@ -393,4 +393,37 @@ fn only_the_containers_the_claim_created_are_its_and_named() {
         "{left:?}"
     );
     assert_eq!(decide(None, Some(&now), &host), Vec::<String>::new());
+}
+
+#[test]
+fn containers_of_other_namespaces_and_unit_files_made_during_the_claim_are_named() {
+    let before = vec!["moby/web".to_string(), "tools/t".to_string()];
+    let now = vec![
+        "moby/web".to_string(),
+        "tenant/left".to_string(),
+        "tools/t".to_string(),
+    ];
+    let lines = other_container_leftovers(&before, &now);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(": tenant/left: ctr -n NAMESPACE tasks delete -f ID"),
+        "{lines:?}"
+    );
+    assert!(other_container_leftovers(&now, &before).is_empty());
+
+    let before = vec!["ssh.service".to_string()];
+    let now = vec![
+        "multi-user.target.wants/x.service".to_string(),
+        "ssh.service".to_string(),
+        "transient/y.service".to_string(),
+    ];
+    let lines = unit_file_leftovers(&before, &now);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(
+            ": multi-user.target.wants/x.service, transient/y.service: systemctl disable --now UNIT"
+        ),
+        "{lines:?}"
+    );
+    assert!(unit_file_leftovers(&now, &before).is_empty());
 }
