@@ -6,7 +6,9 @@
 //! digital signature + client auth) with the bootstrap kubeconfig; wait until the controller (or
 //! an admin) approves it and kube-controller-manager signs it; write a kubeconfig embedding key
 //! and certificate to `<state_dir>/kubeconfig` (mode 0600, atomic). Restarts reuse it; renewal
-//! starts at 80 % of the lifetime and authenticates with the current certificate.
+//! starts between 70 % and 90 % of the lifetime, at a point fixed by the host's name (so a fleet
+//! enrolled in one burst does not renew in one burst: [`renewal_time`]), and authenticates with
+//! the current certificate.
 //!
 //! While a CSR is pending, its key and name are kept in `<state_dir>/pending-csr.json` (0600), so
 //! a restart keeps waiting for the same CSR instead of filing a second one.
@@ -35,8 +37,10 @@ pub const HOST_USER_PREFIX: &str = "byoh:host:";
 pub const KUBECONFIG_FILE: &str = "kubeconfig";
 /// File name of the pending CSR record under the state directory.
 pub const PENDING_FILE: &str = "pending-csr.json";
-/// Fraction of the certificate lifetime after which renewal starts.
-pub const RENEW_AT: f64 = 0.8;
+/// Earliest fraction of the certificate lifetime at which renewal starts ([`renewal_time`]).
+pub const RENEW_FROM: f64 = 0.7;
+/// Latest fraction of the certificate lifetime at which renewal starts ([`renewal_time`]).
+pub const RENEW_UNTIL: f64 = 0.9;
 
 /// Errors of the identity flow.
 #[derive(Debug, thiserror::Error)]
@@ -247,11 +251,32 @@ pub fn validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
     ))
 }
 
-/// When renewal of a certificate valid over `(not_before, not_after)` should start:
-/// `not_before + 80 % of the lifetime`.
-pub fn renewal_time(not_before: SystemTime, not_after: SystemTime) -> SystemTime {
+/// The fraction of its certificate's lifetime at which host `name` starts renewal: a point of
+/// `[RENEW_FROM, RENEW_UNTIL)` fixed by the name (the first 8 bytes of its SHA-256), so it is
+/// the same at every start of the agent and for the doctor, and a fleet's hosts, enrolled in
+/// the same minute, renew spread over a fifth of the lifetime instead of all at once (issue 40).
+pub fn renewal_fraction(name: &str) -> f64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    // The top 53 bits: every such integer is exact in an f64.
+    let unit = (u64::from_be_bytes(first) >> 11) as f64 / (1u64 << 53) as f64;
+    RENEW_FROM + (RENEW_UNTIL - RENEW_FROM) * unit
+}
+
+/// When host `name` starts renewing a certificate valid over `(not_before, not_after)`:
+/// `not_before` + [`renewal_fraction`] of the lifetime.
+pub fn renewal_time(not_before: SystemTime, not_after: SystemTime, name: &str) -> SystemTime {
     let lifetime = not_after.duration_since(not_before).unwrap_or_default();
-    not_before + lifetime.mul_f64(RENEW_AT)
+    not_before + lifetime.mul_f64(renewal_fraction(name))
+}
+
+/// When every host has started renewing a certificate valid over `(not_before, not_after)`:
+/// `not_before` + [`RENEW_UNTIL`] of the lifetime (the doctor warns after it).
+pub fn renewal_deadline(not_before: SystemTime, not_after: SystemTime) -> SystemTime {
+    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
+    not_before + lifetime.mul_f64(RENEW_UNTIL)
 }
 
 /// The CSR subject and request for host `name`, in PEM, signed by `key`.
@@ -618,10 +643,33 @@ mod tests {
     }
 
     #[test]
-    fn renewal_starts_at_eighty_percent() {
+    fn renewal_starts_between_seventy_and_ninety_percent_at_a_point_fixed_by_the_name() {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let end = start + Duration::from_secs(1000);
-        assert_eq!(renewal_time(start, end), start + Duration::from_secs(800));
+        let names: Vec<String> = (0..1000).map(|i| format!("host-{i:04}")).collect();
+        let at: Vec<f64> = names
+            .iter()
+            .map(|n| {
+                renewal_time(start, end, n)
+                    .duration_since(start)
+                    .unwrap()
+                    .as_secs_f64()
+            })
+            .collect();
+        assert!(at.iter().all(|s| (700.0..900.0).contains(s)), "{at:?}");
+        assert_eq!(
+            renewal_time(start, end, "host-0001"),
+            renewal_time(start, end, "host-0001")
+        );
+        // Spread: a thousand hosts enrolled at once, at most a few dozen in any tenth of the window.
+        let mut per_bucket = [0usize; 10];
+        for s in &at {
+            per_bucket[((s - 700.0) / 20.0) as usize] += 1;
+        }
+        assert!(
+            per_bucket.iter().all(|&n| (60..=140).contains(&n)),
+            "{per_bucket:?}"
+        );
     }
 
     #[test]

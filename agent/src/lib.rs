@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod mounts;
 pub mod proxy;
 pub mod registration;
+pub mod retry;
 pub mod state;
 pub mod status;
 pub mod systemd;

@@ -105,16 +105,17 @@ pub fn check_identity(
 
 /// Whether a failed round is the normal wait for the controller's per-host grants (a 403 in
 /// the first rounds: the controller grants a host access to its ByoHost, Lease and a claim's
-/// bootstrap Secret only after they exist), logged at info; a 403 that lasts past a retry
-/// delay of 8 s (about 15 s of waiting) is a problem and warned about.
-pub fn awaiting_grant(forbidden: bool, delay: Duration) -> bool {
-    forbidden && delay <= Duration::from_secs(8)
+/// bootstrap Secret only after they exist), logged at info; a 403 that lasts past the fourth
+/// retry (15-30 s of waiting with [`crate::retry::backoff`]) is a problem and warned about.
+/// `retries`: the retries so far in this streak, this one included.
+pub fn awaiting_grant(forbidden: bool, retries: u32) -> bool {
+    forbidden && retries <= 4
 }
 
 /// Registers the host: reads the ByoHost and checks its recorded identity before writing
 /// anything (a clone stops here), creates or adopts it, records or updates the identity with
-/// the facts, and renews the Lease. Transient API errors are retried with backoff (1 s doubling
-/// to 30 s). Returns the ByoHost as registered.
+/// the facts, and renews the Lease. Transient API errors are retried with backoff and jitter
+/// ([`crate::retry::backoff`]). Returns the ByoHost as registered.
 ///
 /// # Errors
 /// [`AgentError::CloneRefused`] for a clone; [`AgentError::HostApi`] for an API error that is
@@ -125,7 +126,8 @@ pub async fn register(
     facts: &Facts,
     here: &HostIdentity,
 ) -> Result<ByoHost, AgentError> {
-    let mut delay = Duration::from_secs(1);
+    let mut delays = crate::retry::backoff();
+    let mut retries = 0u32;
     loop {
         let result = async {
             let existing = host.read().await?;
@@ -157,12 +159,14 @@ pub async fn register(
         match result {
             Ok(found) => return Ok(found),
             Err(AgentError::HostApi(e)) if e.is_transient() => {
+                let delay = crate::retry::next(&mut delays);
+                retries += 1;
                 notify::extend_startup(u32::try_from(delay.as_secs()).unwrap_or(60) + 30);
                 notify::status(&format!(
                     "Registration failed ({e}); retrying in {}s",
                     delay.as_secs()
                 ));
-                if awaiting_grant(byoh_api::apierror::is_forbidden(&e.source), delay) {
+                if awaiting_grant(byoh_api::apierror::is_forbidden(&e.source), retries) {
                     tracing::info!(
                         "waiting for the controller to grant this host access to its ByoHost and Lease ({e}); retrying in {}s",
                         delay.as_secs()
@@ -171,7 +175,6 @@ pub async fn register(
                     tracing::warn!("registration failed: {e}; retrying");
                 }
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
             Err(e) => return Err(e),
         }

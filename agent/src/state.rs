@@ -190,6 +190,12 @@ pub struct ClaimWork {
     /// that did not keep it (not checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit_files_before: Option<Vec<String>>,
+    /// The package sources and keys of apt and dnf when the claim began, with their digests
+    /// (`hostwork::host_files::package_sources`), so that the clean-up names those the claim
+    /// added, changed or removed; `None` in a record of an agent that did not keep it (not
+    /// checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_sources_before: Option<Vec<FileDigest>>,
     /// The host of the Cluster's control-plane endpoint when the claim began
     /// (`spec.claim.controlPlaneEndpoint.host`): if the claim added this address to one of the
     /// host's interfaces (kube-vip's virtual IP), the clean-up removes it.
@@ -224,6 +230,16 @@ pub struct ImageRef {
     pub name: String,
     /// The digest of its target (the manifest or index), `sha256:` and 64 hex digits.
     pub digest: String,
+}
+
+/// A file and the sha256 of its content.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileDigest {
+    /// The path on the host.
+    pub path: String,
+    /// Lower-case hex sha256 of its content (empty: it could not be read).
+    pub sha256: String,
 }
 
 /// The host's network interfaces and addresses at one moment.
@@ -455,6 +471,7 @@ mod tests {
             images_before: None,
             other_containers_before: None,
             unit_files_before: None,
+            package_sources_before: None,
             last_remediation: None,
         }
     }

@@ -594,6 +594,7 @@ mod tests {
                 images_before: None,
                 other_containers_before: None,
                 unit_files_before: None,
+                package_sources_before: None,
                 last_remediation: None,
             }),
             ..Default::default()

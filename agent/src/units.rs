@@ -100,15 +100,15 @@ pub async fn report_loop(
             }
             // Retry until reported (the API server may be away); later changes wait meanwhile
             // and are folded in, since `last` always holds the newest states.
-            let mut delay = Duration::from_secs(1);
+            let mut delays = crate::retry::backoff();
             while let Err(e) = apply(&host, &last, is_claimed).await {
+                let delay = crate::retry::next(&mut delays);
                 tracing::warn!(
                     "reporting unit conditions failed: {}; retrying in {}s",
                     e,
                     delay.as_secs()
                 );
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
             tracing::debug!("unit conditions reported");
         }

@@ -55,9 +55,19 @@ pub struct RunArgs {
     /// marked `needsCleanup` (humantime, e.g. `10m`, `90s`).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub release_timeout: Duration,
-    /// Address serving `/metrics`, `/healthz` and `/readyz`; empty serves nothing.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Address serving `/metrics` over HTTPS to callers whose bearer token the API server
+    /// authenticates and authorizes for `get` on `/metrics` (TokenReview, SubjectAccessReview);
+    /// empty serves nothing.
+    #[arg(long, default_value = "0.0.0.0:8443")]
     pub metrics_address: String,
+    /// Serve `/metrics` as plain HTTP to anyone who can connect (no TLS, no token): only for a
+    /// metrics address no one else can reach, e.g. `127.0.0.1:8080` on a developer's machine.
+    #[arg(long)]
+    pub insecure_metrics: bool,
+    /// Address serving the kubelet's probes `/healthz` and `/readyz` (plain HTTP); empty serves
+    /// nothing.
+    #[arg(long, default_value = "0.0.0.0:9440")]
+    pub health_probe_address: String,
     /// Elect a leader with the Lease `byoh-controller-leader` before reconciling (`--leader-elect=false` to turn off).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub leader_elect: bool,
@@ -87,21 +97,31 @@ pub struct RunArgs {
     pub re_enrolment_window: Duration,
 }
 
+/// `IP:PORT` of flag `--FLAG`, `None` when empty.
+fn socket(flag: &str, text: &str) -> Result<Option<SocketAddr>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|e| format!("--{flag} {text:?}: {e} (expected IP:PORT)"))
+}
+
 impl RunArgs {
     /// The metrics address, `None` when empty.
     ///
     /// # Errors
     /// The address text when it is not `IP:PORT`.
     pub fn metrics_socket(&self) -> Result<Option<SocketAddr>, String> {
-        if self.metrics_address.is_empty() {
-            return Ok(None);
-        }
-        self.metrics_address.parse().map(Some).map_err(|e| {
-            format!(
-                "--metrics-address {:?}: {e} (expected IP:PORT)",
-                self.metrics_address
-            )
-        })
+        socket("metrics-address", &self.metrics_address)
+    }
+
+    /// The health probes' address, `None` when empty.
+    ///
+    /// # Errors
+    /// The address text when it is not `IP:PORT`.
+    pub fn health_socket(&self) -> Result<Option<SocketAddr>, String> {
+        socket("health-probe-address", &self.health_probe_address)
     }
 }
 
@@ -136,7 +156,12 @@ mod tests {
         assert!(args.leader_elect);
         assert_eq!(
             args.metrics_socket().unwrap(),
-            Some("0.0.0.0:8080".parse().unwrap())
+            Some("0.0.0.0:8443".parse().unwrap())
+        );
+        assert!(!args.insecure_metrics);
+        assert_eq!(
+            args.health_socket().unwrap(),
+            Some("0.0.0.0:9440".parse().unwrap())
         );
         let cli = Cli::try_parse_from([
             "byoh-controller",
@@ -146,6 +171,7 @@ mod tests {
             "90s",
             "--metrics-address",
             "",
+            "--health-probe-address=",
             "--watch-filter",
             "team-a",
             "--namespace",
@@ -158,9 +184,20 @@ mod tests {
         assert!(!args.leader_elect);
         assert_eq!(args.release_timeout, Duration::from_secs(90));
         assert_eq!(args.metrics_socket().unwrap(), None);
+        assert_eq!(args.health_socket().unwrap(), None);
         assert_eq!(
             (args.namespace.as_str(), args.watch_filter.as_str()),
             ("capi", "team-a")
+        );
+        let cli = Cli::try_parse_from(["byoh-controller", "run", "--health-probe-address=:9440"])
+            .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert!(
+            args.health_socket()
+                .unwrap_err()
+                .starts_with("--health-probe-address \":9440\": ")
         );
     }
 }

@@ -43,8 +43,13 @@ pub struct Settings {
     /// How long a release waits for the agent's clean-up before the claim is dropped and the
     /// host marked `needsCleanup` (reason `ReleaseTimedOut`).
     pub release_timeout: Duration,
-    /// Address of `/metrics`, `/healthz`, `/readyz`; `None` serves nothing.
+    /// Address of `/metrics` (HTTPS, each caller's token reviewed: `crate::metrics_auth`);
+    /// `None` serves nothing.
     pub metrics_address: Option<SocketAddr>,
+    /// Serve `/metrics` as plain HTTP to anyone who connects (no TLS, no token).
+    pub insecure_metrics: bool,
+    /// Address of `/healthz` and `/readyz` (plain HTTP); `None` serves nothing.
+    pub health_address: Option<SocketAddr>,
     /// Take part in leader election before reconciling.
     pub leader_elect: bool,
     /// Namespace of the leader Lease; `None` uses the Pod's namespace (service account file)
@@ -73,6 +78,8 @@ impl Default for Settings {
             watch_filter: None,
             release_timeout: Duration::from_secs(600),
             metrics_address: None,
+            insecure_metrics: false,
+            health_address: None,
             leader_elect: false,
             leader_election_namespace: None,
             identity: None,

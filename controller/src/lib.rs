@@ -23,10 +23,13 @@ pub mod installerconfig;
 mod leader;
 pub mod liveness;
 pub mod manifests;
+pub mod manifests_metrics;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod remediation;
 pub mod run;
 pub mod selection;
+pub mod serve;
 
 /// Version text printed by `byoh-controller version`: crate version, git commit, build date.
 pub const VERSION_TEXT: &str = concat!(

@@ -32,11 +32,14 @@ fn run(args: byoh_controller::cli::RunArgs) -> anyhow::Result<()> {
         )
         .init();
     let metrics_address = args.metrics_socket().map_err(anyhow::Error::msg)?;
+    let health_address = args.health_socket().map_err(anyhow::Error::msg)?;
     let settings = byoh_controller::run::Settings {
         namespace: Some(args.namespace).filter(|s| !s.is_empty()),
         watch_filter: Some(args.watch_filter).filter(|s| !s.is_empty()),
         release_timeout: args.release_timeout,
         metrics_address,
+        insecure_metrics: args.insecure_metrics,
+        health_address,
         leader_elect: args.leader_elect,
         leader_election_namespace: args.leader_election_namespace,
         identity: None,

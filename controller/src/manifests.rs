@@ -98,8 +98,10 @@ pub const MANAGER_ROLE: &str = "byoh-manager";
 pub const AGGREGATE_ROLE: &str = "byoh-aggregate-to-capi-manager";
 /// Name of the Deployment.
 pub const DEPLOYMENT: &str = "byoh-controller-manager";
-/// Port of `/metrics`, `/healthz` and `/readyz`.
-pub const METRICS_PORT: i32 = 8080;
+/// Port of `/metrics` (HTTPS, callers' tokens reviewed: `metrics_auth.rs`).
+pub const METRICS_PORT: i32 = 8443;
+/// Port of `/healthz` and `/readyz`, Cluster API's managers' health port.
+pub const HEALTH_PORT: i32 = 9440;
 /// The controller image of the Deployment, a literal as in every Cluster API provider:
 /// clusterctl parses it to apply image overrides (`images: infrastructure-byoh: repository:`
 /// in `clusterctl.yaml`, for a mirror), which a `${VAR}` image would break.
@@ -168,7 +170,7 @@ fn provider_labels() -> BTreeMap<String, String> {
     .into()
 }
 
-fn cluster_meta(name: &str) -> ObjectMeta {
+pub(crate) fn cluster_meta(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.into()),
         labels: Some(provider_labels()),
@@ -301,6 +303,20 @@ pub fn manager_cluster_role() -> ClusterRole {
                 ],
                 &[],
             ),
+            // Who may read /metrics: the caller's token and its access to `get /metrics`,
+            // reviewed by the API server (metrics_auth.rs).
+            rule(
+                &["authentication.k8s.io"],
+                &["tokenreviews"],
+                &["create"],
+                &[],
+            ),
+            rule(
+                &["authorization.k8s.io"],
+                &["subjectaccessreviews"],
+                &["create"],
+                &[],
+            ),
             // Leases: leader election (create, update and patch its own) and host liveness
             // (read every host's). The hosts' own Lease rights come from a Role of the
             // components, not from the controller, so it needs no delete.
@@ -430,7 +446,7 @@ pub fn deployment() -> Deployment {
     let probe = |path: &str, delay: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
-            port: IntOrString::String("metrics".into()),
+            port: IntOrString::String("healthz".into()),
             ..Default::default()
         }),
         initial_delay_seconds: Some(delay),
@@ -448,6 +464,7 @@ pub fn deployment() -> Deployment {
             "--namespace=${BYOH_WATCH_NAMESPACE:=\"\"}".into(),
             "--leader-elect".into(),
             format!("--metrics-address=0.0.0.0:{METRICS_PORT}"),
+            format!("--health-probe-address=0.0.0.0:{HEALTH_PORT}"),
             "--bootstrap-failure-backoff=${BYOH_BOOTSTRAP_FAILURE_BACKOFF:=5m}".into(),
             "--bootstrap-failure-backoff-max=${BYOH_BOOTSTRAP_FAILURE_BACKOFF_MAX:=1h}".into(),
             "--re-enrolment-window=${BYOH_RE_ENROLMENT_WINDOW:=1h}".into(),
@@ -470,12 +487,20 @@ pub fn deployment() -> Deployment {
                 value_from: None,
             },
         ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("metrics".into()),
-            container_port: METRICS_PORT,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: METRICS_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("healthz".into()),
+                container_port: HEALTH_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
         liveness_probe: Some(probe("/healthz", 15)),
         readiness_probe: Some(probe("/readyz", 5)),
         resources: Some(ResourceRequirements {
@@ -603,6 +628,10 @@ pub fn rbac_files() -> Result<Vec<(String, String)>, ManifestError> {
             doc(&aggregate_cluster_role())?,
         ),
         (
+            "metrics_reader_role.yaml".into(),
+            doc(&crate::manifests_metrics::metrics_reader_role())?,
+        ),
+        (
             "host_role.yaml".into(),
             docs(&[
                 doc(&hostaccess::hosts_cluster_role())?,
@@ -655,7 +684,7 @@ fn components_header() -> String {
 }
 
 /// `infrastructure-components.yaml`: the Namespace, CRDs, ServiceAccount, RBAC, admission
-/// policies and bindings, and the Deployment, every object labelled
+/// policies and bindings, the metrics Service and the Deployment, every object labelled
 /// `cluster.x-k8s.io/provider: infrastructure-byoh`.
 ///
 /// RBAC is cluster-scoped but for the hosts' Lease Role in the provider's own namespace:
@@ -678,6 +707,7 @@ pub fn infrastructure_components() -> Result<String, ManifestError> {
         aggregate_cluster_role(),
         hostaccess::hosts_cluster_role(),
         hostaccess::bootstrappers_cluster_role(),
+        crate::manifests_metrics::metrics_reader_role(),
     ] {
         parts.push(doc(&cr)?);
     }
@@ -700,6 +730,7 @@ pub fn infrastructure_components() -> Result<String, ManifestError> {
     for p in admission::policies() {
         parts.push(doc(&admission::binding(&p))?);
     }
+    parts.push(doc(&crate::manifests_metrics::metrics_service())?);
     parts.push(doc(&deployment())?);
     Ok(format!(
         "{}{}{}",

@@ -1,14 +1,6 @@
-//! Prometheus metrics and the health endpoints.
-//!
-//! `GET /metrics` (OpenMetrics text, crate `prometheus-client`), `GET /healthz` (the process
-//! serves requests), `GET /readyz` (the caches of ByoHosts, Leases and ByoMachines are filled,
-//! so reconciles see the whole pool). Served by a minimal hyper 1 HTTP/1 server; hyper is
-//! already in the dependency tree through kube, so this adds no web framework.
+//! The controller's Prometheus metrics (crate `prometheus-client`), encoded in the OpenMetrics
+//! text format; served by `serve.rs`.
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -16,10 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use tokio::net::TcpListener;
+use std::sync::Mutex;
 
 /// Labels naming a reconciler (`byocluster`, `byomachine`, `byomachinetemplate`, `liveness`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -225,102 +214,6 @@ impl Metrics {
     }
 }
 
-/// Errors of the metrics server.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The listen address could not be bound.
-    #[error("binding the metrics address {addr}: {source} (choose another --metrics-address)")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-}
-
-/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
-/// `ready` answers `/readyz`. Returns the bound address (useful with port 0) and the server
-/// task.
-///
-/// # Errors
-/// [`ServeError::Bind`] when the address cannot be bound.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), ServeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    let task = tokio::spawn(async move {
-        tokio::pin!(shutdown);
-        loop {
-            let stream = tokio::select! {
-                () = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting a metrics connection");
-                        continue;
-                    }
-                },
-            };
-            let metrics = metrics.clone();
-            let ready = ready.clone();
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let response = respond(req.uri().path(), &metrics, &ready);
-                        async move { Ok::<_, std::convert::Infallible>(response) }
-                    });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    tracing::debug!(error = %e, "metrics connection");
-                }
-            });
-        }
-    });
-    Ok((bound, task))
-}
-
-fn respond(path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = match path {
-        "/metrics" => (
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
-        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-        "/readyz" if ready.load(Ordering::Relaxed) => {
-            (StatusCode::OK, "text/plain", "ok\n".to_string())
-        }
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "caches not synced\n".to_string(),
-        ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found\n".to_string(),
-        ),
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, v);
-    }
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,44 +250,5 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing in\n{text}");
         }
-    }
-
-    #[tokio::test]
-    async fn serves_health_and_metrics() {
-        let ready = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (addr, task) = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::new(Metrics::new()),
-            ready.clone(),
-            async move {
-                let _ = rx.await;
-            },
-        )
-        .await
-        .unwrap();
-        let get = |path: &'static str| async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-            )
-            .await
-            .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.unwrap();
-            out
-        };
-        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
-        assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
-        ready.store(true, Ordering::Relaxed);
-        assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
-        assert!(
-            get("/metrics")
-                .await
-                .contains("byoh_controller_claim_conflicts_total")
-        );
-        let _ = tx.send(());
-        task.await.unwrap();
     }
 }

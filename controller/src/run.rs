@@ -1,7 +1,7 @@
-//! The controller process: wires the metrics server, leader election (`leader.rs`), the
+//! The controller process: wires the HTTP servers (`serve.rs`), leader election (`leader.rs`), the
 //! shared caches ([`crate::cache`]) and the reconcilers together, and shuts them down.
 //!
-//! [`run`] starts, in this order: the metrics/health server, leader election (a
+//! [`run`] starts, in this order: the health and metrics servers, leader election (a
 //! `coordination.k8s.io/v1` Lease [`LEADER_LEASE`] through `kube-lease-manager`), the shared
 //! caches (ByoHosts and Leases: host selection reads them instead of listing the pool on every
 //! reconcile), the ByoCluster, ByoMachine and ByoMachineTemplate controllers, and alongside
@@ -33,9 +33,9 @@ pub use crate::leader::LEADER_LEASE;
 /// Errors that end [`run`].
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The metrics server could not start.
+    /// The health or metrics server could not start.
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::ServeError),
+    Metrics(#[from] crate::serve::ServeError),
     /// Leader election failed.
     #[error("leader election with Lease {namespace}/{LEADER_LEASE}: {source}")]
     LeaderElection {
@@ -86,16 +86,38 @@ pub async fn run(
     let shutdown: Shutdown = shutdown.boxed().shared();
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
-    let server = match settings.metrics_address {
-        Some(addr) => {
-            let (bound, task) =
-                crate::metrics::serve(addr, metrics.clone(), ready.clone(), shutdown.clone())
-                    .await?;
-            tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
-            Some(task)
+    let mut servers = Vec::new();
+    if let Some(addr) = settings.health_address {
+        let endpoints = crate::serve::Endpoints {
+            ready: Some(ready.clone()),
+            ..Default::default()
+        };
+        let (bound, task) = crate::serve::serve(addr, endpoints, shutdown.clone()).await?;
+        tracing::info!(address = %bound, "serving /healthz, /readyz");
+        servers.push(task);
+    }
+    if let Some(addr) = settings.metrics_address {
+        let guard = if settings.insecure_metrics {
+            None
+        } else {
+            Some(Arc::new(crate::metrics_auth::MetricsAuth::new(
+                client.clone(),
+            )?))
+        };
+        let secure = guard.is_some();
+        let endpoints = crate::serve::Endpoints {
+            metrics: Some(metrics.clone()),
+            guard,
+            ..Default::default()
+        };
+        let (bound, task) = crate::serve::serve(addr, endpoints, shutdown.clone()).await?;
+        if secure {
+            tracing::info!(address = %bound, "serving /metrics over HTTPS to callers allowed to get /metrics");
+        } else {
+            tracing::warn!(address = %bound, "serving /metrics as plain HTTP to anyone (--insecure-metrics)");
         }
-        None => None,
-    };
+        servers.push(task);
+    }
 
     let identity = settings
         .identity
@@ -131,7 +153,7 @@ pub async fn run(
     if let Some(leadership) = leadership {
         leadership.release().await;
     }
-    if let Some(task) = server {
+    for task in servers {
         task.abort();
     }
     result

@@ -18,8 +18,12 @@
 //!    doctor's API probe (`doctor::probe_api`: DNS, `GET /version`) and the status write
 //!    (`doctor::apply_condition`: read the status, apply `PreflightChecksPassed`). The real
 //!    agent writes that condition only when a check changes; here it is written every interval
-//!    (an upper bound of an idle host's writes). Each host starts its timers at a random offset
-//!    (hosts boot at different times).
+//!    (an upper bound of an idle host's writes). Each host's timers start at a random point of
+//!    their period, as the agent's do (`retry::interval`).
+//!
+//! After enrolment: how the hosts' certificate renewals fall (each host's point of 70-90 % of
+//! the lifetime, fixed by its name): their span and the most in one minute, beside the most if
+//! all renewed at one fixed 80 % (issue 40).
 //!
 //! Measured over the idle window (`BYOH_BENCH_SECS`, default 120 s, after a warm-up of one
 //! renewal period): p50/p99 latency of Lease renewals and status writes as the clients see
@@ -57,7 +61,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -143,6 +147,45 @@ impl Recorder {
 struct SimHost {
     host: HostHandle,
     kubeconfig: PathBuf,
+    /// The certificate's validity window and the host's name, for its renewal point.
+    renewal: (SystemTime, SystemTime, String),
+}
+
+/// How the renewals of hosts enrolled together fall (issue 40): the span from the first to the
+/// last renewal and the most renewals in any one minute, at each host's own point of the window
+/// (`identity::renewal_time`), and, for comparison, at one fixed fraction for all (80 %, the
+/// agent before the spread).
+fn renewal_spread(hosts: &[SimHost]) -> (Duration, usize, usize) {
+    let busiest = |times: &mut Vec<u64>| {
+        times.sort_unstable();
+        let mut most = 0;
+        for (i, t) in times.iter().enumerate() {
+            let within = times[i..].iter().take_while(|u| **u < t + 60).count();
+            most = most.max(within);
+        }
+        most
+    };
+    let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+    let mut spread: Vec<u64> = hosts
+        .iter()
+        .map(|h| {
+            secs(identity::renewal_time(
+                h.renewal.0,
+                h.renewal.1,
+                &h.renewal.2,
+            ))
+        })
+        .collect();
+    let mut fixed: Vec<u64> = hosts
+        .iter()
+        .map(|h| {
+            let lifetime = h.renewal.1.duration_since(h.renewal.0).unwrap();
+            secs(h.renewal.0 + lifetime.mul_f64(0.8))
+        })
+        .collect();
+    let most = busiest(&mut spread);
+    let span = Duration::from_secs(spread.last().unwrap_or(&0) - spread.first().unwrap_or(&0));
+    (span, most, busiest(&mut fixed))
 }
 
 /// The checks a healthy host reports (every check of [`doctor::CHECKS`] passing).
@@ -195,15 +238,20 @@ async fn enrol(name: String, namespace: &str, bootstrap: &Path, dir: &Path) -> S
     doctor::apply_condition(&host, &passing_checks())
         .await
         .unwrap();
+    let (not_before, not_after) =
+        identity::certificate_validity(&paths.kubeconfig).expect("the host's new certificate");
     SimHost {
         host,
         kubeconfig: paths.kubeconfig,
+        renewal: (not_before, not_after, name),
     }
 }
 
 /// What one host does while idle, until aborted (see the module documentation).
 async fn idle(sim: SimHost, lease: Duration, preflight: Duration, rec: Arc<Recorder>) {
-    let SimHost { host, kubeconfig } = sim;
+    let SimHost {
+        host, kubeconfig, ..
+    } = sim;
     let checks = passing_checks();
     let mut watch = watcher(
         host.hosts().clone(),
@@ -212,10 +260,9 @@ async fn idle(sim: SimHost, lease: Duration, preflight: Duration, rec: Arc<Recor
     .default_backoff()
     .applied_objects()
     .boxed();
-    let now = tokio::time::Instant::now();
-    let offset = |period: Duration| period.mul_f64(rand::random_range(0.0..1.0));
-    let mut lease_tick = tokio::time::interval_at(now + offset(lease / 3), lease / 3);
-    let mut preflight_tick = tokio::time::interval_at(now + offset(preflight), preflight);
+    // The agent's own timers: each starts at a random point of its period.
+    let mut lease_tick = byoh_agent::retry::interval(lease / 3);
+    let mut preflight_tick = byoh_agent::retry::interval(preflight);
     loop {
         tokio::select! {
             event = watch.next() => match event {
@@ -369,6 +416,11 @@ async fn run_one(admin: &Client, n: usize, knobs: &Knobs, cp: [u32; 2]) -> Row {
     println!(
         "live_agents: {n} hosts enrolled (CSR approved by the controller, registered, Role written) in {:.1} s",
         enrolled_in.as_secs_f64()
+    );
+    let (span, most, most_fixed) = renewal_spread(&sims);
+    println!(
+        "live_agents: their certificate renewals spread over {:.1} h, at most {most} in one minute ({most_fixed} if all renewed at 80 % of the lifetime)",
+        span.as_secs_f64() / 3600.0
     );
 
     let rec = Arc::new(Recorder::default());

@@ -23,7 +23,7 @@ pub fn is_controller_role() -> bool {
 }
 
 /// The controller process: `byoh_controller::run::run` for the namespace in
-/// `BYOH_BENCH_NAMESPACE`, metrics on `BYOH_BENCH_METRICS`, leader election on (as deployed),
+/// `BYOH_BENCH_NAMESPACE`, metrics on `BYOH_BENCH_METRICS`, probes on `BYOH_BENCH_HEALTH`, leader election on (as deployed),
 /// with the test control plane's admin kubeconfig, until SIGTERM.
 pub async fn controller_role() {
     let kubeconfig = control_plane::kubeconfig_path().unwrap();
@@ -31,12 +31,16 @@ pub async fn controller_role() {
     let namespace = std::env::var("BYOH_BENCH_NAMESPACE").unwrap();
     let settings = byoh_controller::run::Settings {
         namespace: Some(namespace.clone()),
+        // /metrics and the probes on one loopback port each, /metrics open (the benchmark
+        // reads its histograms without a token).
         metrics_address: Some(
             std::env::var("BYOH_BENCH_METRICS")
                 .unwrap()
                 .parse()
                 .unwrap(),
         ),
+        insecure_metrics: true,
+        health_address: Some(std::env::var("BYOH_BENCH_HEALTH").unwrap().parse().unwrap()),
         leader_elect: true,
         leader_election_namespace: Some(namespace),
         ..Default::default()
@@ -56,27 +60,31 @@ pub struct ControllerChild {
     child: std::process::Child,
     /// Its process ID.
     pub pid: u32,
-    /// Where it serves `/metrics` and `/readyz`.
+    /// Where it serves `/metrics` (plain HTTP, open).
     pub metrics: SocketAddr,
+}
+
+/// A free port of the loopback address, as an address.
+fn free_loopback_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], crate::free_loopback_port()))
 }
 
 impl ControllerChild {
     /// Starts the controller for `namespace` (this binary re-executed) and waits (60 s at most)
     /// until its `/readyz` answers 200 (caches filled).
     pub async fn start(namespace: &str) -> ControllerChild {
-        let metrics = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        };
+        let metrics = free_loopback_port();
+        let health = free_loopback_port();
         let child = std::process::Command::new(std::env::current_exe().unwrap())
             .env(ROLE_ENV, "controller")
             .env("BYOH_BENCH_NAMESPACE", namespace)
             .env("BYOH_BENCH_METRICS", metrics.to_string())
+            .env("BYOH_BENCH_HEALTH", health.to_string())
             .spawn()
             .unwrap();
         let pid = child.id();
         crate::eventually("controller /readyz", Duration::from_secs(60), || async {
-            http_get(metrics, "/readyz")
+            http_get(health, "/readyz")
                 .await
                 .filter(|r| r.starts_with("HTTP/1.1 200"))
         })

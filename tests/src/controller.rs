@@ -16,34 +16,69 @@ pub struct ControllerProcess {
     _dir: tempfile::TempDir,
 }
 
+/// A token of ServiceAccount `namespace/name` valid for `secs` seconds (TokenRequest, as
+/// `kubectl create token` makes one).
+///
+/// Errors when the API server refuses the request.
+pub async fn service_account_token(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    secs: i64,
+) -> anyhow::Result<String> {
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+    let tr = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(secs),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Ok(sas
+        .create_token_request(name, &PostParams::default(), &tr)
+        .await
+        .with_context(|| format!("TokenRequest for {namespace}/{name}"))?
+        .status
+        .context("no token in the TokenRequest")?
+        .token)
+}
+
 impl ControllerProcess {
     /// Starts the controller for pool `namespace` with a 4-hour token of
-    /// `byoh-system/byoh-controller-manager` in a copy of `kubeconfig`; logs to a file.
+    /// `byoh-system/byoh-controller-manager` in a copy of `kubeconfig`; logs to a file. Its
+    /// metrics and health servers are off.
     ///
     /// Errors when the binary is missing (tests/run builds it) or the token cannot be made.
     pub async fn start(admin: &Client, kubeconfig: &Path, namespace: &str) -> anyhow::Result<Self> {
+        Self::start_with(
+            admin,
+            kubeconfig,
+            namespace,
+            &["--metrics-address=", "--health-probe-address="],
+        )
+        .await
+    }
+
+    /// [`ControllerProcess::start`] with `args` in place of the flags that turn its metrics and
+    /// health servers off (they must name both).
+    ///
+    /// Errors as [`ControllerProcess::start`].
+    pub async fn start_with(
+        admin: &Client,
+        kubeconfig: &Path,
+        namespace: &str,
+        args: &[&str],
+    ) -> anyhow::Result<Self> {
         let bin = crate::agent::repo_root().join("target/debug/byoh-controller");
         ensure!(
             bin.exists(),
             "{} is missing: tests/run builds it (cargo build --workspace --bins)",
             bin.display()
         );
-        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "byoh-system");
-        let tr = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec![],
-                expiration_seconds: Some(3600 * 4),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let token = sas
-            .create_token_request("byoh-controller-manager", &PostParams::default(), &tr)
-            .await
-            .context("TokenRequest for byoh-system/byoh-controller-manager")?
-            .status
-            .context("no token in the TokenRequest")?
-            .token;
+        let token =
+            service_account_token(admin, "byoh-system", "byoh-controller-manager", 3600 * 4)
+                .await?;
         let mut kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
         for named in &mut kc.auth_infos {
             named.auth_info = Some(kube::config::AuthInfo {
@@ -62,9 +97,9 @@ impl ControllerProcess {
                 "--namespace",
                 namespace,
                 "--leader-elect=false",
-                "--metrics-address=",
                 "--release-timeout=5m",
             ])
+            .args(args)
             .env("KUBECONFIG", &kc_path)
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())

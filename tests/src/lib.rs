@@ -79,6 +79,21 @@ pub fn missing_part(reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
 }
 
+/// A TCP port of the loopback address that was free a moment ago (bound and let go: another
+/// process may take it before the caller does, which on a test machine it practically never
+/// does).
+///
+/// # Panics
+/// When no port can be bound.
+#[allow(clippy::unwrap_used)]
+pub fn free_loopback_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Polls `probe` every 200 ms until it yields `Some` and returns that, panicking after
 /// `timeout` with a message naming `what`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: std::time::Duration, mut probe: F) -> T

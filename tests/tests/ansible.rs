@@ -50,14 +50,6 @@ fn tools_bin() -> PathBuf {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Installs and starts sshd in `host` on 127.0.0.1:`port`, root login with `pubkey` only.
 async fn start_sshd(host: &Host, port: u16, pubkey: &str) {
     // The port is set before the package starts sshd, so it never tries port 22.
@@ -173,7 +165,7 @@ async fn the_playbook_installs_configures_and_starts_the_agent_idempotently() {
 
     let host = Host::boot("ansible").await.unwrap();
     let name = host.name().to_string();
-    let port = free_port();
+    let port = byoh_tests::free_loopback_port();
     start_sshd(&host, port, &pubkey).await;
 
     // Host variables: they take precedence over the example's group_vars/byoh_hosts.yml.

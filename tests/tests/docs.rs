@@ -217,7 +217,13 @@ async fn getting_started_works_as_written() {
                 ]));
                 let child = ws
                     .command(controller_bin.to_str().unwrap())
-                    .args(["run", "--leader-elect=false", "--metrics-address", ""])
+                    .args([
+                        "run",
+                        "--leader-elect=false",
+                        "--metrics-address",
+                        "",
+                        "--health-probe-address=",
+                    ])
                     .env("RUST_LOG", "info")
                     .stdout(std::process::Stdio::null())
                     .spawn()

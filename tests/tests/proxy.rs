@@ -60,11 +60,7 @@ impl Proxy {
             std::os::unix::fs::PermissionsExt::from_mode(0o777),
         )
         .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = byoh_tests::free_loopback_port();
         let log = dir.path().join("tinyproxy.log");
         let conf = dir.path().join("tinyproxy.conf");
         std::fs::write(

@@ -7,8 +7,8 @@
 //! operator's content (so the next claim's kubelet runs what the operator loaded, not the
 //! tenant's), and keeps the host quarantined, naming the tenant's container, until it is removed
 //! from outside; the operator's own container in another namespace is neither named nor touched.
-//! A unit the tenant installed and enabled, and a transient one it left running, keep the host
-//! quarantined the same way.
+//! A unit the tenant installed and enabled, a transient one it left running, and an apt source it
+//! added keep the host quarantined the same way.
 //! The claim and its release are written by the test as the controller would.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
@@ -50,7 +50,7 @@ const PROXY: &str = "registry.k8s.io/kube-proxy:v1.37.2";
 
 /// The tenant's bootstrap data: an image the next cluster would use, the preloaded pause image
 /// re-tagged to it, a container in a namespace of its own, a unit of its own enabled and a
-/// transient one running; then success.
+/// transient one running, an apt source of its own that the host would trust; then success.
 fn tenant_data() -> String {
     r#"#cloud-config
 runcmd:
@@ -59,6 +59,7 @@ runcmd:
 - mkdir -p /srv/tenant && ctr -n tenant containers create --rootfs /srv/tenant tenant-left
 - "printf '[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n' > /etc/systemd/system/tenant.service && systemctl enable tenant.service"
 - systemd-run --unit tenant-run /bin/sleep 3600
+- "echo 'deb [trusted=yes] http://198.51.100.7/debian bookworm main' > /etc/apt/sources.list.d/tenant.list"
 - "mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete"
 "#
     .replace("PROXY", PROXY)
@@ -204,6 +205,11 @@ async fn what_a_tenant_leaves_on_the_host_is_put_back_or_keeps_it_out_of_the_poo
         .await
         .unwrap();
     assert_eq!(tools.trim(), "tools-before");
+    // Its package source.
+    assert!(
+        message.contains("package sources or keys were changed during the claim: /etc/apt/sources.list.d/tenant.list (added)"),
+        "{message}"
+    );
     let phase = hosts.get_status(&name).await.unwrap().status.unwrap().phase;
     assert_eq!(phase.as_deref(), Some("CleaningUp"));
 
@@ -214,7 +220,7 @@ async fn what_a_tenant_leaves_on_the_host_is_put_back_or_keeps_it_out_of_the_poo
     host.run(&[
         "sh",
         "-c",
-        "systemctl disable --now tenant.service && rm /etc/systemd/system/tenant.service && systemctl daemon-reload && systemctl stop tenant-run.service",
+        "systemctl disable --now tenant.service && rm /etc/systemd/system/tenant.service && systemctl daemon-reload && systemctl stop tenant-run.service && rm /etc/apt/sources.list.d/tenant.list",
     ])
     .await
     .unwrap();

@@ -42,7 +42,7 @@ pub struct RawCluster {
     #[schemars(with = "Option<String>")]
     pub kubeconfig: Option<Spanned<String>>,
     /// Requested lifetime of the host's client certificate, e.g. `720h` (1h to 8760h); renewal
-    /// starts at 80 % of it.
+    /// starts between 70 % and 90 % of it (a point fixed by the host name).
     #[schemars(with = "Option<String>")]
     pub certificate_lifetime: Option<Spanned<String>>,
 }

@@ -317,8 +317,11 @@ async fn serve(
     .default_backoff()
     .applied_objects()
     .boxed();
-    let mut lease_tick = tokio::time::interval(settings.lease_duration / 3);
-    let mut facts_tick = tokio::time::interval(settings.facts_interval);
+    // Both start at a random point of their period (crate::retry::interval): hosts started
+    // together (one Ansible run, one power-on) do not renew and report together. The
+    // registration just renewed the Lease and reported the facts.
+    let mut lease_tick = crate::retry::interval(settings.lease_duration / 3);
+    let mut facts_tick = crate::retry::interval(settings.facts_interval);
     let mut watchdog_tick = tokio::time::interval(
         notify::watchdog_interval().map_or(DEFAULT_WATCHDOG_INTERVAL, |d| d / 2),
     );
@@ -336,7 +339,7 @@ async fn serve(
             .set(i64::try_from(expiry).unwrap_or(i64::MAX));
     }
     let renew_in = managed.map(|(not_before, not_after)| {
-        identity::renewal_time(not_before, not_after)
+        identity::renewal_time(not_before, not_after, name)
             .duration_since(SystemTime::now())
             .unwrap_or_default()
     });
@@ -348,8 +351,8 @@ async fn serve(
         tokio::time::sleep(renew_in.unwrap_or(Duration::from_secs(u64::from(u32::MAX)))).await;
         notify::status("Renewing the host certificate");
         tracing::info!(
-            "renewing the host certificate ({:.0} % of its lifetime has passed)",
-            identity::RENEW_AT * 100.0
+            "renewing the host certificate ({:.0} % of its lifetime has passed: this host's point of 70-90 %)",
+            identity::renewal_fraction(name) * 100.0
         );
         let mut on_wait = |csr: &str| {
             notify::status(&format!(

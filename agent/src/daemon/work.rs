@@ -86,7 +86,7 @@ async fn superseded_while_commands_run(
 }
 
 /// Runs host work on every change of the ByoHost, again every [`WORK_RESYNC`], and retries
-/// failed rounds with backoff (1 s doubling to 30 s). A round whose bootstrap commands are
+/// failed rounds with backoff and jitter ([`crate::retry::backoff`]). A round whose bootstrap commands are
 /// running when its claim is released is stopped there (the commands' process groups killed,
 /// Warning Event `BootstrapAborted`) and the clean-up starts at once, instead of the host
 /// waiting for a hung `kubeadm join` to reach `[bootstrap] command_timeout`.
@@ -96,7 +96,8 @@ pub(super) async fn work_loop(
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     events: HostEvents,
 ) {
-    let mut delay = Duration::from_secs(1);
+    let mut delays = crate::retry::backoff();
+    let mut retries = 0u32;
     let mut last: Option<Action> = None;
     let mut failing = false;
     loop {
@@ -131,13 +132,16 @@ pub(super) async fn work_loop(
                     }
                     last = Some(action);
                     failing = false;
-                    delay = Duration::from_secs(1);
+                    delays = crate::retry::backoff();
+                    retries = 0;
                     WORK_RESYNC
                 }
                 Err(e) => {
                     metrics.host_work_failures.inc();
+                    let delay = crate::retry::next(&mut delays);
+                    retries += 1;
                     let forbidden = matches!(&e, WorkError::Api { source, .. } if byoh_api::apierror::is_forbidden(source));
-                    if crate::registration::awaiting_grant(forbidden, delay) {
+                    if crate::registration::awaiting_grant(forbidden, retries) {
                         tracing::info!(
                             retry_in_secs = delay.as_secs(),
                             "waiting for the controller to grant this host access for its claim ({e}); retrying"
@@ -158,9 +162,7 @@ pub(super) async fn work_loop(
                             );
                         }
                     }
-                    let d = delay;
-                    delay = (delay * 2).min(Duration::from_secs(30));
-                    d
+                    delay
                 }
             },
             (None, _) => WORK_RESYNC,

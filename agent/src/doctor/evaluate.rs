@@ -452,12 +452,12 @@ pub fn certificate_check(probe: &CertificateProbe, now: SystemTime) -> Check {
                 )
             } else {
                 let left = not_after.duration_since(now).unwrap_or_default().as_secs();
-                if identity::renewal_time(*not_before, *not_after) <= now {
+                if identity::renewal_deadline(*not_before, *not_after) <= now {
                     check(
                         "certificate",
                         Severity::Warn,
                         format!(
-                            "{} expires at {} ({} left) and renewal (due at 80 % of its lifetime) has not happened",
+                            "{} expires at {} ({} left) and renewal (due by 90 % of its lifetime) has not happened",
                             path.display(),
                             rfc3339(*not_after),
                             human_duration(left)

@@ -58,7 +58,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 &self.settings.state_dir,
             )
             .await;
-            let unit_files_before = super::probe::unit_files(&self.settings.root)
+            let unit_files_before = super::host_files::unit_files(&self.settings.root)
                 .inspect_err(|e| {
                     tracing::warn!(
                         "reading the host's unit files before the claim: {e}; the clean-up will not check for units the claim added"
@@ -85,6 +85,9 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 images_before,
                 other_containers_before,
                 unit_files_before,
+                package_sources_before: Some(super::host_files::package_sources(
+                    &self.settings.root,
+                )),
                 control_plane_endpoint: claim
                     .control_plane_endpoint
                     .as_ref()

@@ -327,6 +327,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .claim
                     .as_ref()
                     .and_then(|w| w.unit_files_before.clone());
+                let package_sources_before = state
+                    .claim
+                    .as_ref()
+                    .and_then(|w| w.package_sources_before.clone());
                 let endpoint = state
                     .claim
                     .as_ref()
@@ -343,6 +347,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                         images_before: images_before.as_deref(),
                         other_containers_before: other_containers_before.as_deref(),
                         unit_files_before: unit_files_before.as_deref(),
+                        package_sources_before: package_sources_before.as_deref(),
                         control_plane_endpoint: endpoint.as_deref(),
                         scratch: &me.settings.state_dir,
                     };

@@ -465,7 +465,7 @@ pub fn other_container_leftovers(before: &[String], now: &[String]) -> Vec<Strin
     )]
 }
 
-/// One line naming the unit files (see `probe::unit_files`) that were not there when the claim
+/// One line naming the unit files (see `host_files::unit_files`) that were not there when the claim
 /// began, with their removal: a unit the claim's root process installed or enabled, or a
 /// transient one it started, would run on into the next claim. The agent removes none of them
 /// (an administrator may have added one while the host was claimed); the host stays quarantined
@@ -478,6 +478,36 @@ pub fn unit_file_leftovers(before: &[String], now: &[String]) -> Vec<String> {
     vec![format!(
         "unit files made during the claim are left in /etc/systemd/system (transient/: a running systemd-run unit): {}: systemctl disable --now UNIT and remove its file (transient: systemctl stop UNIT)",
         list(&new)
+    )]
+}
+
+/// One line naming the package sources and keys (see `host_files::package_sources`) that the
+/// claim added, changed or removed: they decide what the next claim's `apt-get install` or
+/// `dnf install` fetches and whom it trusts. Not undone by the agent (it cannot tell an
+/// administrator's change from a tenant's); the host stays quarantined until they are as before.
+pub fn package_source_leftovers(
+    before: &[crate::state::FileDigest],
+    now: &[crate::state::FileDigest],
+) -> Vec<String> {
+    let mut changes = Vec::new();
+    for f in now {
+        match before.iter().find(|b| b.path == f.path) {
+            None => changes.push(format!("{} (added)", f.path)),
+            Some(b) if b.sha256 != f.sha256 => changes.push(format!("{} (changed)", f.path)),
+            Some(_) => {}
+        }
+    }
+    for b in before {
+        if !now.iter().any(|f| f.path == b.path) {
+            changes.push(format!("{} (removed)", b.path));
+        }
+    }
+    if changes.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "package sources or keys were changed during the claim: {}: put them back as they were (they decide what the next claim installs)",
+        list(&changes)
     )]
 }
 

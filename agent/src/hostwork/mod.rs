@@ -407,6 +407,7 @@ struct BootstrapData {
 
 mod bootstrap;
 mod cleanup;
+pub mod host_files;
 pub mod images;
 pub mod kubelet_gate;
 pub mod leftovers;

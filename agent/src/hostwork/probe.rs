@@ -353,48 +353,6 @@ pub async fn other_containers_before_claim(
     other_containers(root, runner, scratch).await
 }
 
-/// Where the host's administrator (and anyone with root) puts unit files and enables units.
-pub const UNIT_DIR: &str = "/etc/systemd/system";
-/// Where systemd keeps the files of transient units (`systemd-run`).
-const TRANSIENT_UNIT_DIR: &str = "/run/systemd/transient";
-/// The kinds of transient unit that run something of their own; scopes and slices (the
-/// kubelet's pods, `systemd-run --scope`) end with what they hold.
-const TRANSIENT_KINDS: &[&str] = &[".service", ".timer", ".socket", ".path"];
-
-/// The unit files of the host under `root`, for `ClaimWork::unit_files_before`: every file and
-/// link below [`UNIT_DIR`] as a path relative to it, and the transient units of
-/// [`TRANSIENT_KINDS`] as `transient/NAME`; sorted.
-///
-/// # Errors
-/// When [`UNIT_DIR`] cannot be read (a missing transient directory is none).
-pub fn unit_files(root: &Path) -> std::io::Result<Vec<String>> {
-    fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) -> std::io::Result<()> {
-        for e in std::fs::read_dir(dir)? {
-            let e = e?;
-            let name = format!("{prefix}{}", e.file_name().to_string_lossy());
-            if e.file_type()?.is_dir() {
-                walk(&e.path(), &format!("{name}/"), out)?;
-            } else {
-                out.push(name);
-            }
-        }
-        Ok(())
-    }
-    let mut out = Vec::new();
-    walk(&under(root, UNIT_DIR), "", &mut out)?;
-    if let Ok(entries) = std::fs::read_dir(under(root, TRANSIENT_UNIT_DIR)) {
-        out.extend(
-            entries
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| TRANSIENT_KINDS.iter().any(|k| n.ends_with(k)))
-                .map(|n| format!("transient/{n}")),
-        );
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// Removes the containers of containerd's `k8s.io` namespace that were not there when the
 /// claim began (`before`): the claim's kubelet made them, and `kubeadm reset` leaves them when
 /// its own removal through the CRI fails (it only warns). With `ctr`: `tasks delete -f ID` (kills
@@ -446,45 +404,6 @@ pub async fn remove_claim_containers(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unit_files_are_the_unit_dirs_files_and_links_and_the_running_kinds_of_transient_units() {
-        let root = tempfile::tempdir().unwrap();
-        let etc = root.path().join("etc/systemd/system");
-        std::fs::create_dir_all(etc.join("multi-user.target.wants")).unwrap();
-        std::fs::create_dir_all(etc.join("getty.target.wants")).unwrap();
-        std::fs::write(etc.join("tenant.service"), "[Service]\n").unwrap();
-        std::os::unix::fs::symlink(
-            "/etc/systemd/system/tenant.service",
-            etc.join("multi-user.target.wants/tenant.service"),
-        )
-        .unwrap();
-        assert_eq!(
-            unit_files(root.path()).unwrap(),
-            ["multi-user.target.wants/tenant.service", "tenant.service"],
-            "an empty directory is no unit file; no transient directory is none"
-        );
-        let transient = root.path().join("run/systemd/transient");
-        std::fs::create_dir_all(&transient).unwrap();
-        for n in [
-            "run-r1.scope",
-            "kubepods.slice",
-            "tenant-run.service",
-            "t.timer",
-        ] {
-            std::fs::write(transient.join(n), "").unwrap();
-        }
-        assert_eq!(
-            unit_files(root.path()).unwrap(),
-            [
-                "multi-user.target.wants/tenant.service",
-                "tenant.service",
-                "transient/t.timer",
-                "transient/tenant-run.service"
-            ]
-        );
-        assert!(unit_files(&root.path().join("nowhere")).is_err());
-    }
 
     #[test]
     fn reads_links_under_the_root_and_this_machines_addresses() {

@@ -42,6 +42,7 @@ fn work(uid: &str, outcome: Option<Outcome>) -> ClaimWork {
         images_before: None,
         other_containers_before: None,
         unit_files_before: None,
+        package_sources_before: None,
         last_remediation: None,
     }
 }

@@ -26,7 +26,8 @@
 //! and what still differs is reported; containers made during the claim in containerd's other
 //! namespaces are reported, not removed (another program's, e.g. a Docker Engine's `moby`),
 //! and so are unit files made during the claim below `/etc/systemd/system` and transient
-//! services, timers, sockets and paths (`systemd-run`) that run on.
+//! services, timers, sockets and paths (`systemd-run`) that run on, and package sources and
+//! keys of apt and dnf the claim added, changed or removed (`host_files.rs`).
 
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
@@ -53,9 +54,11 @@ pub struct Claim<'a> {
     /// The containers of containerd's other namespaces when the claim began, `NAMESPACE/ID`
     /// (`None`: not recorded, so not checked).
     pub other_containers_before: Option<&'a [String]>,
-    /// The unit files when the claim began (`probe::unit_files`; `None`: not recorded, so not
+    /// The unit files when the claim began (`host_files::unit_files`; `None`: not recorded, so not
     /// checked).
     pub unit_files_before: Option<&'a [String]>,
+    /// The package sources and keys when the claim began (`None`: not recorded, not checked).
+    pub package_sources_before: Option<&'a [crate::state::FileDigest]>,
     /// The host of the Cluster's control-plane endpoint when the claim began (an IP is removed
     /// from the host's interfaces if the claim added it).
     pub control_plane_endpoint: Option<&'a str>,
@@ -165,10 +168,14 @@ pub async fn leftovers(
         left.extend(super::leftovers::other_container_leftovers(before, &others));
     }
     if let Some(before) = claim.unit_files_before {
-        match super::probe::unit_files(root) {
+        match super::host_files::unit_files(root) {
             Ok(now) => left.extend(super::leftovers::unit_file_leftovers(before, &now)),
             Err(e) => tracing::warn!("verify: reading the host's unit files: {e}; not checked"),
         }
+    }
+    if let Some(before) = claim.package_sources_before {
+        let now = super::host_files::package_sources(root);
+        left.extend(super::leftovers::package_source_leftovers(before, &now));
     }
     Ok(left)
 }

@@ -72,7 +72,7 @@ pub const APPROVED_REASON: &str = "ByohHostCSRApproved";
 pub const NOT_APPROVED_REASON: &str = "ByohHostCSRNotApproved";
 /// Reason of the Normal Event on a valid CSR when approval is manual.
 pub const MANUAL_REASON: &str = "ByohHostCSRAwaitsManualApproval";
-/// Shortest certificate lifetime approved: one hour (the agent renews at 80 %).
+/// Shortest certificate lifetime approved: one hour (the agent renews at 70-90 % of it).
 pub const MIN_EXPIRATION_SECS: i32 = 3600;
 /// Longest certificate lifetime approved: one year (365 days).
 pub const MAX_EXPIRATION_SECS: i32 = 365 * 24 * 3600;

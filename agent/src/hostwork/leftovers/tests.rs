@@ -427,3 +427,28 @@ fn containers_of_other_namespaces_and_unit_files_made_during_the_claim_are_named
     );
     assert!(unit_file_leftovers(&now, &before).is_empty());
 }
+
+#[test]
+fn package_sources_added_changed_or_removed_during_the_claim_are_named() {
+    let f = |path: &str, sha: &str| crate::state::FileDigest {
+        path: path.into(),
+        sha256: sha.into(),
+    };
+    let before = vec![
+        f("/etc/apt/sources.list", "aa"),
+        f("/etc/apt/trusted.gpg.d/debian.gpg", "bb"),
+        f("/etc/yum.repos.d/base.repo", "cc"),
+    ];
+    let now = vec![
+        f("/etc/apt/sources.list", "a2"),
+        f("/etc/apt/sources.list.d/tenant.list", "dd"),
+        f("/etc/apt/trusted.gpg.d/debian.gpg", "bb"),
+    ];
+    let lines = package_source_leftovers(&before, &now);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(": /etc/apt/sources.list (changed), /etc/apt/sources.list.d/tenant.list (added), /etc/yum.repos.d/base.repo (removed): put them back"),
+        "{lines:?}"
+    );
+    assert!(package_source_leftovers(&before, &before).is_empty());
+}
