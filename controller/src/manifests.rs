@@ -2,7 +2,7 @@
 //! the clusterctl `infrastructure-components.yaml` and `metadata.yaml`, and the cluster templates
 //! (hand-written YAML under `controller/templates/`, copied so that `make verify` covers them).
 
-use crate::{admission, hostaccess};
+use crate::{admission, hostaccess, manifests_metrics};
 use byoh_api::labels;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -170,7 +170,7 @@ fn provider_labels() -> BTreeMap<String, String> {
     .into()
 }
 
-pub(crate) fn cluster_meta(name: &str) -> ObjectMeta {
+fn cluster_meta(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.into()),
         labels: Some(provider_labels()),
@@ -317,18 +317,23 @@ pub fn manager_cluster_role() -> ClusterRole {
                 &["create"],
                 &[],
             ),
-            // Leases: leader election (create, update and patch its own) and host liveness
-            // (read every host's). The hosts' own Lease rights come from a Role of the
-            // components, not from the controller, so it needs no delete.
-            rule(
-                &["coordination.k8s.io"],
-                &["leases"],
-                &["get", "list", "watch", "create", "update", "patch"],
-                &[],
-            ),
         ]),
         aggregation_rule: None,
     }
+}
+
+/// The ClusterRole [`manifests_metrics::METRICS_READER_ROLE`]: who may read `/metrics`.
+pub fn metrics_reader_role() -> ClusterRole {
+    manifests_metrics::metrics_reader_role(cluster_meta(manifests_metrics::METRICS_READER_ROLE))
+}
+
+/// The Service [`manifests_metrics::METRICS_SERVICE`] in front of the Deployment's metrics port.
+pub fn metrics_service() -> k8s_openapi::api::core::v1::Service {
+    manifests_metrics::metrics_service(
+        ns_meta(manifests_metrics::METRICS_SERVICE),
+        [("control-plane".to_string(), DEPLOYMENT.to_string())].into(),
+        METRICS_PORT,
+    )
 }
 
 /// ClusterRole aggregated into CAPI's manager (`cluster.x-k8s.io/aggregate-to-manager: "true"`):
@@ -370,42 +375,85 @@ pub fn manager_binding() -> ClusterRoleBinding {
 /// (`crate::csr::enrolment`) in the provider's namespace.
 pub const ENROLMENT_RECORDS_ROLE: &str = "byoh-enrolment-records";
 
-/// The controller's Role in the provider's namespace `namespace`: ConfigMaps get, create and
-/// update, for the enrolment records (`crate::csr::enrolment`). A Role, not a rule of the
-/// ClusterRole: ConfigMaps of other namespaces are none of the controller's business. No host
-/// or bootstrap token holds any ConfigMap right there, so they cannot touch the records.
-pub fn enrolment_records_role(namespace: &str) -> Role {
+/// A Role of the controller's in the provider's namespace `namespace`, named `name`, with
+/// `rules`: rights that are none of its business in other namespaces.
+fn provider_role(namespace: &str, name: &str, rules: Vec<PolicyRule>) -> Role {
     Role {
         metadata: ObjectMeta {
             namespace: Some(namespace.into()),
-            ..cluster_meta(ENROLMENT_RECORDS_ROLE)
+            ..cluster_meta(name)
         },
-        rules: Some(vec![hostaccess::rule(
-            &[""],
-            &["configmaps"],
-            &["get", "create", "update"],
-            &[],
-        )]),
+        rules: Some(rules),
     }
 }
 
-/// RoleBinding of [`enrolment_records_role`] to the controller's ServiceAccount.
-pub fn enrolment_records_role_binding(namespace: &str) -> RoleBinding {
+/// The RoleBinding of [`provider_role`] `name` to the controller's ServiceAccount.
+fn provider_role_binding(namespace: &str, name: &str) -> RoleBinding {
     RoleBinding {
         metadata: ObjectMeta {
             namespace: Some(namespace.into()),
-            ..cluster_meta(ENROLMENT_RECORDS_ROLE)
+            ..cluster_meta(name)
         },
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "Role".into(),
-            name: ENROLMENT_RECORDS_ROLE.into(),
+            name: name.into(),
         },
         subjects: Some(vec![controller_subject()]),
     }
 }
 
-/// The controller's ServiceAccount as a binding's subject.
+/// The controller's Role in the provider's namespace `namespace`: ConfigMaps get, create and
+/// update, for the enrolment records (`crate::csr::enrolment`). A Role, not a rule of the
+/// ClusterRole: ConfigMaps of other namespaces are none of the controller's business. No host
+/// or bootstrap token holds any ConfigMap right there, so they cannot touch the records.
+pub fn enrolment_records_role(namespace: &str) -> Role {
+    provider_role(
+        namespace,
+        ENROLMENT_RECORDS_ROLE,
+        vec![hostaccess::rule(
+            &[""],
+            &["configmaps"],
+            &["get", "create", "update"],
+            &[],
+        )],
+    )
+}
+
+/// RoleBinding of [`enrolment_records_role`] to the controller's ServiceAccount.
+pub fn enrolment_records_role_binding(namespace: &str) -> RoleBinding {
+    provider_role_binding(namespace, ENROLMENT_RECORDS_ROLE)
+}
+
+/// Name of the Role (and its RoleBinding) that lets the controller use the Leases of the
+/// provider's namespace.
+pub const LEASES_ROLE: &str = "byoh-manager-leases";
+
+/// The controller's Leases, in the provider's namespace `namespace` only: its leader Lease
+/// (get, create, update, patch) and the hosts' Leases (get, list, watch: their liveness; the
+/// hosts' own rights come from [`hostaccess::host_leases_role`], so no delete). A Role, not a
+/// rule of the ClusterRole (issue 43: the controller's privileges cut to what it uses): with
+/// Leases in every namespace it could take any component's leader Lease, kube-scheduler's or
+/// kube-controller-manager's in `kube-system`. A `--leader-election-namespace` or
+/// `--host-lease-namespace` elsewhere needs the same Role there.
+pub fn leases_role(namespace: &str) -> Role {
+    provider_role(
+        namespace,
+        LEASES_ROLE,
+        vec![hostaccess::rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "list", "watch", "create", "update", "patch"],
+            &[],
+        )],
+    )
+}
+
+/// RoleBinding of [`leases_role`] to the controller's ServiceAccount.
+pub fn leases_role_binding(namespace: &str) -> RoleBinding {
+    provider_role_binding(namespace, LEASES_ROLE)
+}
+
 fn controller_subject() -> Subject {
     Subject {
         kind: "ServiceAccount".into(),
@@ -621,6 +669,8 @@ pub fn rbac_files() -> Result<Vec<(String, String)>, ManifestError> {
                 doc(&manager_binding())?,
                 doc(&enrolment_records_role(NAMESPACE))?,
                 doc(&enrolment_records_role_binding(NAMESPACE))?,
+                doc(&leases_role(NAMESPACE))?,
+                doc(&leases_role_binding(NAMESPACE))?,
             ]),
         ),
         (
@@ -629,7 +679,7 @@ pub fn rbac_files() -> Result<Vec<(String, String)>, ManifestError> {
         ),
         (
             "metrics_reader_role.yaml".into(),
-            doc(&crate::manifests_metrics::metrics_reader_role())?,
+            doc(&metrics_reader_role())?,
         ),
         (
             "host_role.yaml".into(),
@@ -707,7 +757,7 @@ pub fn infrastructure_components() -> Result<String, ManifestError> {
         aggregate_cluster_role(),
         hostaccess::hosts_cluster_role(),
         hostaccess::bootstrappers_cluster_role(),
-        crate::manifests_metrics::metrics_reader_role(),
+        metrics_reader_role(),
     ] {
         parts.push(doc(&cr)?);
     }
@@ -724,13 +774,15 @@ pub fn infrastructure_components() -> Result<String, ManifestError> {
     parts.push(doc(&hostaccess::host_leases_role_binding(NAMESPACE))?);
     parts.push(doc(&enrolment_records_role(NAMESPACE))?);
     parts.push(doc(&enrolment_records_role_binding(NAMESPACE))?);
+    parts.push(doc(&leases_role(NAMESPACE))?);
+    parts.push(doc(&leases_role_binding(NAMESPACE))?);
     for p in admission::policies() {
         parts.push(doc(&p)?);
     }
     for p in admission::policies() {
         parts.push(doc(&admission::binding(&p))?);
     }
-    parts.push(doc(&crate::manifests_metrics::metrics_service())?);
+    parts.push(doc(&metrics_service())?);
     parts.push(doc(&deployment())?);
     Ok(format!(
         "{}{}{}",

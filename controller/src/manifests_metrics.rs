@@ -1,11 +1,13 @@
 //! The objects of the controller's metrics endpoint in `infrastructure-components.yaml` (issue
 //! 40): the ClusterRole a scraper is bound to, and the Service Prometheus discovers the endpoint
-//! through. The endpoint itself is `serve.rs`, its access rule `metrics_auth.rs`.
+//! through. Built from what `manifests.rs` passes in (names, labels, port), so this module
+//! needs nothing of it. The endpoint itself is `serve.rs`, its access rule `metrics_auth.rs`.
 
-use crate::manifests::{DEPLOYMENT, METRICS_PORT, NAMESPACE};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
 
 /// The ClusterRole that may read the controller's `/metrics`: bind it to the scraper's
 /// ServiceAccount (Prometheus'), as Cluster API's providers ship theirs.
@@ -13,10 +15,11 @@ pub const METRICS_READER_ROLE: &str = "byoh-metrics-reader";
 /// The Service in front of the metrics endpoint (port `https`).
 pub const METRICS_SERVICE: &str = "byoh-controller-manager-metrics";
 
-/// [`METRICS_READER_ROLE`]: `get` on the non-resource URL `/metrics`, nothing else.
-pub fn metrics_reader_role() -> ClusterRole {
+/// The metrics reader ClusterRole with `metadata` ([`METRICS_READER_ROLE`]): `get` on the
+/// non-resource URL `/metrics`, nothing else.
+pub fn metrics_reader_role(metadata: ObjectMeta) -> ClusterRole {
     ClusterRole {
-        metadata: crate::manifests::cluster_meta(METRICS_READER_ROLE),
+        metadata,
         rules: Some(vec![PolicyRule {
             non_resource_urls: Some(vec!["/metrics".into()]),
             verbs: vec!["get".into()],
@@ -26,17 +29,20 @@ pub fn metrics_reader_role() -> ClusterRole {
     }
 }
 
-/// [`METRICS_SERVICE`]: the Deployment's Pods, port `https` ([`METRICS_PORT`]).
-pub fn metrics_service() -> Service {
-    let mut meta = crate::manifests::cluster_meta(METRICS_SERVICE);
-    meta.namespace = Some(NAMESPACE.into());
+/// The metrics Service with `metadata` ([`METRICS_SERVICE`]): the Pods matching `selector`,
+/// port `https` = `port` to the container port named `metrics`.
+pub fn metrics_service(
+    metadata: ObjectMeta,
+    selector: BTreeMap<String, String>,
+    port: i32,
+) -> Service {
     Service {
-        metadata: meta,
+        metadata,
         spec: Some(ServiceSpec {
-            selector: Some([("control-plane".to_string(), DEPLOYMENT.to_string())].into()),
+            selector: Some(selector),
             ports: Some(vec![ServicePort {
                 name: Some("https".into()),
-                port: METRICS_PORT,
+                port,
                 target_port: Some(IntOrString::String("metrics".into())),
                 protocol: Some("TCP".into()),
                 ..Default::default()

@@ -36,6 +36,13 @@ pub struct HostLabels {
     pub state: String,
 }
 
+/// Labels of `byoh_controller_agents`: the byoh-agent version ByoHosts report.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentLabels {
+    /// `status.agentVersion`, or `unknown` when a host reports none.
+    pub version: String,
+}
+
 /// Hosts per pool and state ([`Metrics::set_hosts`]).
 pub type HostCounts = BTreeMap<String, BTreeMap<&'static str, i64>>;
 
@@ -93,6 +100,11 @@ pub struct Metrics {
     /// Pools the host gauge has shown: a pool whose hosts are all gone reads 0, not its last
     /// counts.
     pools_shown: Mutex<BTreeSet<String>>,
+    /// `byoh_controller_agents{version}`: ByoHosts by the agent version they report, so a
+    /// fleet's upgrade can be followed.
+    pub agents: Family<AgentLabels, Gauge>,
+    /// Versions the agents gauge has shown (one no host reports any more reads 0).
+    versions_shown: Mutex<BTreeSet<String>>,
 }
 
 impl Default for Metrics {
@@ -118,6 +130,7 @@ impl Metrics {
             .set(1);
         let claim_conflicts = Counter::default();
         let hosts = Family::<HostLabels, Gauge>::default();
+        let agents = Family::<AgentLabels, Gauge>::default();
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -145,6 +158,11 @@ impl Metrics {
             claim_conflicts.clone(),
         );
         registry.register("hosts", "ByoHosts by state", hosts.clone());
+        registry.register(
+            "agents",
+            "ByoHosts by the byoh-agent version they report (unknown: none reported)",
+            agents.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -154,6 +172,8 @@ impl Metrics {
             claim_conflicts,
             hosts,
             pools_shown: Mutex::default(),
+            agents,
+            versions_shown: Mutex::default(),
         }
     }
 
@@ -205,6 +225,23 @@ impl Metrics {
         }
     }
 
+    /// Sets the agents gauge from `counts` (hosts per reported agent version): every version
+    /// counted now or shown before (one no host reports any more reads 0).
+    pub fn set_agents(&self, counts: &BTreeMap<String, i64>) {
+        let mut shown = self
+            .versions_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        shown.extend(counts.keys().cloned());
+        for version in shown.iter() {
+            self.agents
+                .get_or_create(&AgentLabels {
+                    version: version.clone(),
+                })
+                .set(counts.get(version).copied().unwrap_or(0));
+        }
+    }
+
     /// The metrics in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -229,6 +266,8 @@ mod tests {
         };
         m.set_hosts(&counts("pool-a", "free", 3));
         m.set_hosts(&counts("pool-b", "offline", 2));
+        m.set_agents(&[("0.1.0".to_string(), 3)].into());
+        m.set_agents(&[("0.2.0".to_string(), 3)].into());
         let text = m.encode();
         for needle in [
             "byoh_controller_reconciles_total{controller=\"byomachine\"} 1",
@@ -239,6 +278,9 @@ mod tests {
             // pool-a's hosts are gone: its counts read 0, not its last ones.
             "byoh_controller_hosts{pool=\"pool-a\",state=\"free\"} 0",
             "byoh_controller_claim_conflicts_total 0",
+            // 0.1.0's hosts were upgraded: it reads 0, not its last count.
+            "byoh_controller_agents{version=\"0.1.0\"} 0",
+            "byoh_controller_agents{version=\"0.2.0\"} 3",
             "byoh_controller_reconcile_duration_seconds_count{controller=\"byomachine\"} 1",
             concat!(
                 "byoh_controller_build_info{version=\"",

@@ -23,6 +23,11 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, PostParams};
 use std::sync::Arc;
 
+/// The metrics server's certificate or TLS configuration could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("the metrics server's TLS certificate: {0}")]
+pub struct CertificateError(String);
+
 /// Why a request is refused: the HTTP status and a message for the caller (no token in it).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Denied {
@@ -50,10 +55,9 @@ impl MetricsAuth {
     /// A certificate for [`CERTIFICATE_NAMES`] made now, and `client` to review callers with.
     ///
     /// # Errors
-    /// [`crate::serve::ServeError::Tls`] when the certificate or the TLS configuration cannot
-    /// be made.
-    pub fn new(client: kube::Client) -> Result<Self, crate::serve::ServeError> {
-        let tls = |e: &dyn std::fmt::Display| crate::serve::ServeError::Tls(e.to_string());
+    /// [`CertificateError`] when the certificate or the TLS configuration cannot be made.
+    pub fn new(client: kube::Client) -> Result<Self, CertificateError> {
+        let tls = |e: &dyn std::fmt::Display| CertificateError(e.to_string());
         let names: Vec<String> = CERTIFICATE_NAMES.iter().map(|s| s.to_string()).collect();
         let made = rcgen::generate_simple_self_signed(names).map_err(|e| tls(&e))?;
         let key = rustls::pki_types::PrivateKeyDer::Pkcs8(

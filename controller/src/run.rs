@@ -100,9 +100,10 @@ pub async fn run(
         let guard = if settings.insecure_metrics {
             None
         } else {
-            Some(Arc::new(crate::metrics_auth::MetricsAuth::new(
-                client.clone(),
-            )?))
+            Some(Arc::new(
+                crate::metrics_auth::MetricsAuth::new(client.clone())
+                    .map_err(crate::serve::ServeError::from)?,
+            ))
         };
         let secure = guard.is_some();
         let endpoints = crate::serve::Endpoints {

@@ -36,8 +36,8 @@ pub enum ServeError {
         source: std::io::Error,
     },
     /// The metrics server's TLS certificate could not be made.
-    #[error("the metrics server's TLS certificate: {0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(#[from] crate::metrics_auth::CertificateError),
 }
 
 /// What one server answers.

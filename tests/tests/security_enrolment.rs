@@ -444,9 +444,9 @@ async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
     let admin = cp.client().await.unwrap();
     install_components(&admin).await.unwrap();
     let run = random_lower(6);
-    // An approver with the controller's ClusterRole but, in the provider's namespace, only the
-    // right to read ConfigMaps: it claims the permission, then cannot write the enrolment
-    // record (as an API error or a timeout would stop it at that point).
+    // An approver with the controller's ClusterRole and Leases Role but, in the provider's
+    // namespace, only the right to read ConfigMaps: it claims the permission, then cannot write
+    // the enrolment record (as an API error or a timeout would stop it at that point).
     let user = format!("byoh-test:approver-{run}");
     let subject = Subject {
         kind: "User".into(),
@@ -495,6 +495,23 @@ async fn an_approver_that_fails_after_claiming_the_permission_loses_nothing() {
                     api_group: "rbac.authorization.k8s.io".into(),
                     kind: "Role".into(),
                     name: read_only.name_any(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            },
+        )
+        .await
+        .unwrap();
+    let mut leases = binding_meta(Some(manifests::NAMESPACE));
+    leases.name = Some(format!("byoh-test-approver-leases-{run}"));
+    role_bindings
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: leases,
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name: manifests::LEASES_ROLE.into(),
                 },
                 subjects: Some(vec![subject]),
             },

@@ -172,17 +172,25 @@ pub fn error_policy(bm: Arc<ByoMachine>, error: &Error, ctx: Arc<Context>) -> Ac
 }
 
 /// Recomputes the host gauges from the caches: hosts per pool and state
-/// ([`crate::selection::host_state`]).
+/// ([`crate::selection::host_state`]), and per reported agent version.
 pub fn update_host_gauges(ctx: &Context) {
     let t = now();
     let mut counts = crate::metrics::HostCounts::new();
+    let mut versions = std::collections::BTreeMap::<String, i64>::new();
     for h in ctx.hosts.state() {
+        let version = h
+            .status
+            .as_ref()
+            .and_then(|s| s.agent_version.clone())
+            .unwrap_or_else(|| "unknown".into());
+        *versions.entry(version).or_default() += 1;
         let pool = h.namespace().unwrap_or_default();
         let lease = ctx.host_lease(&pool, &h.name_any());
         let state = selection::host_state(&h, lease.as_deref(), t);
         *counts.entry(pool).or_default().entry(state).or_default() += 1;
     }
     ctx.metrics.set_hosts(&counts);
+    ctx.metrics.set_agents(&versions);
 }
 
 struct MachineRef {
