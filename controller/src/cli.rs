@@ -21,6 +21,12 @@ pub enum Command {
     Run(RunArgs),
     /// Print the version, git commit and build date.
     Version,
+    /// Enrol hosts in one command: apply a BootstrapKubeconfig for a pool, wait for the
+    /// controller to issue its token, and print the bootstrap kubeconfig the hosts need (copy it
+    /// to each host's /etc/byoh/bootstrap-kubeconfig). Uses your kubeconfig (KUBECONFIG), or,
+    /// run in the controller's Pod with `kubectl exec`, its ServiceAccount (then give
+    /// --api-server).
+    EnrolmentKubeconfig(EnrolmentArgs),
     /// Write every generated manifest (CRDs under `crd/`, and the clusterctl artifacts) into a
     /// directory.
     Manifests {
@@ -39,6 +45,28 @@ fn unquote_empty(value: &str) -> Result<String, std::convert::Infallible> {
     } else {
         value.to_string()
     })
+}
+
+/// Flags of `byoh-controller enrolment-kubeconfig`.
+#[derive(Debug, clap::Args)]
+pub struct EnrolmentArgs {
+    /// The host pool: namespace of the hosts' ByoHosts (and of the BootstrapKubeconfig).
+    #[arg(long)]
+    pub namespace: String,
+    /// Name of the BootstrapKubeconfig (an existing one of that name is updated).
+    #[arg(long, default_value = "enrolment")]
+    pub name: String,
+    /// Lifetime of the bootstrap token (humantime, e.g. `2h`; at most 7 days): anyone holding
+    /// the file can enrol hosts until then.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// The API server URL as the hosts reach it (`https://HOST:PORT`); default: your
+    /// kubeconfig's server.
+    #[arg(long)]
+    pub api_server: Option<String>,
+    /// How long to wait for the controller to issue the token (humantime).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 /// Flags of `byoh-controller run`.

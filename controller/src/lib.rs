@@ -16,6 +16,7 @@ pub mod capi;
 pub mod cli;
 pub mod context;
 pub mod csr;
+pub mod enrolment;
 pub mod error;
 pub mod events;
 pub mod hostaccess;

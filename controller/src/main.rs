@@ -9,6 +9,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run(args)?,
         Command::Version => println!("{}", byoh_controller::VERSION_TEXT),
+        Command::EnrolmentKubeconfig(args) => print!("{}", enrolment_kubeconfig(args)?),
         Command::Manifests { dir } => {
             let written =
                 byoh_controller::manifests::write_all(&dir).context("generating manifests")?;
@@ -62,6 +63,30 @@ fn run(args: byoh_controller::cli::RunArgs) -> anyhow::Result<()> {
         byoh_controller::run::run(client, settings, shutdown_signal())
             .await
             .context("running the controller")
+    })
+}
+
+/// `byoh-controller enrolment-kubeconfig`: the bootstrap kubeconfig of a pool's
+/// BootstrapKubeconfig, made with the client from the environment.
+fn enrolment_kubeconfig(args: byoh_controller::cli::EnrolmentArgs) -> anyhow::Result<String> {
+    let request = byoh_controller::enrolment::Request {
+        namespace: args.namespace,
+        name: args.name,
+        ttl: args.ttl,
+        api_server: args.api_server,
+        timeout: args.timeout,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let config = kube::Config::infer()
+            .await
+            .context("reading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
+        let client =
+            kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
+        Ok(byoh_controller::enrolment::enrolment_kubeconfig(client, &config, &request).await?)
     })
 }
 
