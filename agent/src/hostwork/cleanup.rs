@@ -308,33 +308,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 Ok(())
             }
             CleanupStep::Verify => {
-                let preexisting = state
-                    .claim
-                    .as_ref()
-                    .map(|w| w.preexisting_dirs.clone())
-                    .unwrap_or_default();
-                let network_before = state.claim.as_ref().and_then(|w| w.network_before.clone());
-                let containers_before = state
-                    .claim
-                    .as_ref()
-                    .and_then(|w| w.containers_before.clone());
-                let images_before = state.claim.as_ref().and_then(|w| w.images_before.clone());
-                let other_containers_before = state
-                    .claim
-                    .as_ref()
-                    .and_then(|w| w.other_containers_before.clone());
-                let unit_files_before = state
-                    .claim
-                    .as_ref()
-                    .and_then(|w| w.unit_files_before.clone());
-                let package_sources_before = state
-                    .claim
-                    .as_ref()
-                    .and_then(|w| w.package_sources_before.clone());
-                let endpoint = state
-                    .claim
-                    .as_ref()
-                    .and_then(|w| w.control_plane_endpoint.clone());
+                // What the claim recorded as it began (none: a record without a claim).
+                let work = state.claim.clone();
+                let w = work.as_ref();
+                let preexisting = w.map(|w| w.preexisting_dirs.clone()).unwrap_or_default();
                 self.cleanup_step(state, next, |me| async move {
                     // A service the uninstall restarted may have made runtime directories
                     // again after remove-files (containerd's CRI plugin creates /etc/cni/net.d
@@ -342,13 +319,14 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     remove_runtime_dirs(&me.settings.root, &preexisting)?;
                     let claim = super::verify::Claim {
                         preexisting_dirs: &preexisting,
-                        network_before: network_before.as_ref(),
-                        containers_before: containers_before.as_deref(),
-                        images_before: images_before.as_deref(),
-                        other_containers_before: other_containers_before.as_deref(),
-                        unit_files_before: unit_files_before.as_deref(),
-                        package_sources_before: package_sources_before.as_deref(),
-                        control_plane_endpoint: endpoint.as_deref(),
+                        network_before: w.and_then(|w| w.network_before.as_ref()),
+                        containers_before: w.and_then(|w| w.containers_before.as_deref()),
+                        images_before: w.and_then(|w| w.images_before.as_deref()),
+                        other_containers_before: w
+                            .and_then(|w| w.other_containers_before.as_deref()),
+                        unit_files_before: w.and_then(|w| w.unit_files_before.as_deref()),
+                        package_sources_before: w.and_then(|w| w.package_sources_before.as_deref()),
+                        control_plane_endpoint: w.and_then(|w| w.control_plane_endpoint.as_deref()),
                         scratch: &me.settings.state_dir,
                     };
                     let leftovers =
