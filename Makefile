@@ -44,7 +44,7 @@ CRITICAL := nice -n -5
 # dist/ by `packaging/release --no-build`): held back in the tests phase until LATE_GATE says "ok"
 # (tests/schedule --after), written once the other packages and the image are built, or
 # "failed" by the phase that failed.
-LATE_TESTS := packages release docs packages_rpm
+LATE_TESTS := packages release docs packages_rpm ansible
 LATE_GATE := target/late-tests-gate
 export BYOH_TEST_COUNTS := $(abspath $(TEST_COUNTS))
 .PHONY: test-phases phase-prepare phase-build phase-packaging-tools phase-packages-amd64 \

@@ -62,7 +62,16 @@ pub enum Command {
     },
     /// Validate the configuration (file, drop-ins, environment) without side effects; exit 78
     /// if it is invalid.
-    CheckConfig,
+    CheckConfig {
+        /// Validate with FILE in place as the drop-in `--as NAME` (a configuration tool's
+        /// validate step, before it moves FILE into `<config>.d/`).
+        #[arg(long, value_name = "FILE", requires = "as_name")]
+        drop_in: Option<PathBuf>,
+        /// The file name FILE will have in the drop-in directory, e.g. `50-ansible.toml`: its
+        /// place in the lexical order; it stands in for a drop-in of that name.
+        #[arg(long = "as", value_name = "NAME", requires = "drop_in")]
+        as_name: Option<String>,
+    },
     /// Print this host's facts (OS, kernel, architecture, CPU model and cores, memory, cgroup
     /// version, container runtime, interfaces with link speeds, disks, PCI accelerators) as
     /// the agent reports them on its ByoHost.

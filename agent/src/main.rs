@@ -50,7 +50,12 @@ fn main() -> ExitCode {
             byoh_agent::EXIT_OK
         }
         Command::Man => exit_status(man()),
-        Command::CheckConfig => exit_status(check_config(&config)),
+        Command::CheckConfig { drop_in, as_name } => {
+            let candidate = drop_in
+                .zip(as_name)
+                .map(|(file, name)| config::Candidate { file, name });
+            exit_status(check_config(&config, candidate.as_ref()))
+        }
         Command::Facts { output } => exit_status(print_facts(output)),
         Command::ListSupported { output } => {
             list_supported(output);
@@ -96,10 +101,13 @@ fn man() -> Result<(), AgentError> {
     Ok(())
 }
 
-/// `check-config`: loads the configuration (every problem at once, exit 78) and says which
-/// files it read.
-fn check_config(config_path: &Path) -> Result<(), AgentError> {
-    let settings = config::load(config_path, env_overrides())?;
+/// `check-config`: loads the configuration (every problem at once, exit 78), with `candidate`
+/// among the drop-ins when given, and says which files it read.
+fn check_config(
+    config_path: &Path,
+    candidate: Option<&config::Candidate>,
+) -> Result<(), AgentError> {
+    let settings = config::load_with(config_path, candidate, env_overrides())?;
     let files: Vec<String> = settings
         .files
         .iter()

@@ -336,6 +336,22 @@ pub fn metrics_service() -> k8s_openapi::api::core::v1::Service {
     )
 }
 
+/// The optional ServiceMonitor of the metrics Service ([`manifests_metrics::service_monitor`]),
+/// in the release as `metrics-servicemonitor.yaml`.
+///
+/// # Errors
+/// [`ManifestError::Serialise`] if it cannot be serialised.
+pub fn metrics_service_monitor() -> Result<String, ManifestError> {
+    let service = metrics_service();
+    let labels = service.metadata.labels.clone().unwrap_or_default();
+    let monitor = manifests_metrics::service_monitor(NAMESPACE, &labels, &labels);
+    // Keys in serde_json's order (sorted): apiVersion, kind, metadata, spec, as humans expect.
+    serde_yaml_ng::to_string(&monitor).map_err(|source| ManifestError::Serialise {
+        what: "ServiceMonitor byoh-controller-manager".into(),
+        source,
+    })
+}
+
 /// ClusterRole aggregated into CAPI's manager (`cluster.x-k8s.io/aggregate-to-manager: "true"`):
 /// CAPI's controllers clone our templates and read and delete our objects.
 pub fn aggregate_cluster_role() -> ClusterRole {
@@ -808,8 +824,8 @@ fn write(path: PathBuf, text: &str) -> Result<PathBuf, ManifestError> {
 
 /// Writes every generated manifest into `dir`: the CRDs into `dir/crd/`, RBAC into
 /// `dir/rbac/`, admission policies into `dir/admission/`, `dir/infrastructure-components.yaml`,
-/// `dir/metadata.yaml` and `dir/templates/` (cluster templates and the ClusterClass). Returns the
-/// written paths.
+/// `dir/metadata.yaml`, `dir/optional/` (the ServiceMonitor) and `dir/templates/` (cluster
+/// templates and the ClusterClass). Returns the written paths.
 ///
 /// # Errors
 /// [`ManifestError`] if something cannot be serialised or written.
@@ -834,6 +850,10 @@ pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
     written.push(write(
         dir.join("metadata.yaml"),
         &format!("{GENERATED_HEADER}{METADATA}"),
+    )?);
+    written.push(write(
+        dir.join("optional").join("metrics-servicemonitor.yaml"),
+        &format!("{GENERATED_HEADER}{}", metrics_service_monitor()?),
     )?);
     for (name, text) in [
         ("cluster-template.yaml", CLUSTER_TEMPLATE),
@@ -964,6 +984,7 @@ mod tests {
             "templates/clusterclass-byoh-quickstart.yaml",
             "rbac/manager_role.yaml",
             "admission/byoh-host-restriction.yaml",
+            "optional/metrics-servicemonitor.yaml",
         ] {
             assert!(written.contains(&dir.path().join(f)), "{f}");
         }

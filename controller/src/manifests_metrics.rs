@@ -52,3 +52,36 @@ pub fn metrics_service(
         status: None,
     }
 }
+
+/// The optional `metrics-servicemonitor.yaml` (issue 40): a Prometheus Operator ServiceMonitor
+/// (`monitoring.coreos.com/v1`, the CRD of prometheus-operator's `example/prometheus-operator-crd`)
+/// in `namespace` that scrapes the Service whose labels are `service_labels` on its port `https`
+/// with the scraping Prometheus' own ServiceAccount token — which [`METRICS_READER_ROLE`] must be
+/// bound to — skipping the verification of the controller's self-made certificate (the token,
+/// not the server, is what is checked: `metrics_auth.rs`). Not part of
+/// `infrastructure-components.yaml`: only clusters running the Prometheus Operator have the kind.
+pub fn service_monitor(
+    namespace: &str,
+    service_labels: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {
+            "name": "byoh-controller-manager",
+            "namespace": namespace,
+            "labels": labels,
+        },
+        "spec": {
+            "selector": {"matchLabels": service_labels},
+            "endpoints": [{
+                "port": "https",
+                "scheme": "https",
+                "path": "/metrics",
+                "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                "tlsConfig": {"insecureSkipVerify": true},
+            }],
+        },
+    })
+}

@@ -467,6 +467,26 @@ pub async fn wait_status(host: &Host, want: &str, timeout: Duration) -> anyhow::
     .await
 }
 
+/// Waits up to `timeout` for the ByoHost `namespace`/`name` to have `Registered=True`; returns it.
+///
+/// Errors on time-out or when the API server fails.
+pub async fn wait_registered(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<byoh_api::ByoHost> {
+    let hosts: Api<byoh_api::ByoHost> = Api::namespaced(client.clone(), namespace);
+    wait_for("the ByoHost registered", timeout, || async {
+        Ok(hosts.get_opt(name).await?.filter(|h| {
+            h.status
+                .as_ref()
+                .is_some_and(|s| byoh_api::conditions::is_true(&s.conditions, "Registered"))
+        }))
+    })
+    .await
+}
+
 /// Polls `f` every 500 ms until it yields `Some`, or fails after `timeout` with `what`.
 ///
 /// Errors on time-out, or with `f`'s error.

@@ -226,6 +226,16 @@ pub struct BootOptions {
     pub containers: bool,
 }
 
+impl BootOptions {
+    /// The dnf flavour (the RHEL family's stand-in), everything else default.
+    pub fn dnf() -> Self {
+        BootOptions {
+            flavor: Some("dnf".into()),
+            ..Default::default()
+        }
+    }
+}
+
 /// The test machine's address on the test network (`tests/hosts/network`): the gateway of hosts
 /// booted with [`BootOptions::network`], where every loopback TCP port of the machine (the test
 /// control plane, the artifacts server) is reachable from them.

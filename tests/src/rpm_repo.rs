@@ -156,6 +156,20 @@ fn rpmbuild(spec: &Path, work: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The stub RPM `byoh-test-debian-base` (in `dir`): it provides what a RHEL host's rpm database
+/// has and a Debian-based dnf test host's lacks (`/bin/sh`, glibc and systemd at Debian 12's
+/// versions), so dnf resolves the agent package's dependencies there.
+///
+/// Errors as [`build_rpm`].
+pub fn debian_base(dir: &Path) -> anyhow::Result<PathBuf> {
+    build_rpm(
+        dir,
+        &Package::new("byoh-test-debian-base", "12-1")
+            .provides("/bin/sh, glibc = 2.36, systemd = 252"),
+        None,
+    )
+}
+
 /// A copy of the binary package `rpm` whose only change is its release, `release`: a newer
 /// build to upgrade to. Files (modes, owners, `%config(noreplace)` and `%doc` flags), the
 /// scriptlets and the explicit requirements are those of `rpm`; it is written to `dir`.

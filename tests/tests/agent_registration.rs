@@ -53,6 +53,31 @@ async fn fails_once(host: &Host, code: &str) -> (String, String) {
     (shown, messages)
 }
 
+/// A control plane of the test's own with a host pool namespace, and a booted host with the
+/// agent installed (not started) and a bootstrap kubeconfig for it.
+async fn private_host(
+    label: &str,
+) -> (
+    control_plane::PrivateControlPlane,
+    kube::Client,
+    TestNamespace,
+    Host,
+) {
+    let cp = control_plane::PrivateControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = TestNamespace::create(&client, label).await.unwrap();
+    agent::grant_host_rbac(&client, ns.name()).await.unwrap();
+    let token = agent::create_bootstrap_token(&client, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bootstrap = agent::bootstrap_kubeconfig(cp.kubeconfig(), &token).unwrap();
+    let host = Host::boot(label).await.unwrap();
+    agent::install_agent(&host, &config(ns.name(), ""), Some(&bootstrap))
+        .await
+        .unwrap();
+    (cp, client, ns, host)
+}
+
 async fn renew_time(leases: &Api<Lease>, name: &str) -> Option<String> {
     let lease = leases.get_opt(name).await.ok()??;
     lease.spec?.renew_time.map(|t| t.0.to_string())
@@ -387,21 +412,8 @@ async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
         return;
     }
     // A control plane of the test's own: the shared one must not go down under other tests.
-    let cp = control_plane::PrivateControlPlane::start().unwrap();
-    let client = cp.client().await.unwrap();
-    let ns = TestNamespace::create(&client, "agent-outage")
-        .await
-        .unwrap();
-    agent::grant_host_rbac(&client, ns.name()).await.unwrap();
-    let token = agent::create_bootstrap_token(&client, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let bootstrap = agent::bootstrap_kubeconfig(cp.kubeconfig(), &token).unwrap();
-    let host = Host::boot("agent-outage").await.unwrap();
+    let (cp, client, ns, host) = private_host("agent-outage").await;
     let name = host.name().to_string();
-    agent::install_agent(&host, &config(ns.name(), ""), Some(&bootstrap))
-        .await
-        .unwrap();
     host.run(&["systemctl", "enable", "--now", "--no-block", "byoh-agent"])
         .await
         .unwrap();
@@ -463,6 +475,80 @@ async fn agent_reconnects_and_renews_its_lease_after_an_api_server_outage() {
         messages.contains("API server reachable again"),
         "{messages}"
     );
+    host.stop().await.unwrap();
+    ns.cleanup(&client).await.unwrap();
+}
+
+/// Issue 37: a host whose agent waits for an administrator's approval at boot (here: nobody
+/// approves) still finishes its boot — the agent reports READY=1 after 10 s of waiting, with the
+/// wait as its status — and registers once the CSR is approved. With READY only after the
+/// registration, the start job never ended and the system stayed "starting".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_booting_while_its_csr_awaits_approval_finishes_its_boot() {
+    if control_plane::client().await.is_none() || !hosts::available() {
+        return;
+    }
+    // A control plane of the test's own: no other test's approver may approve this CSR.
+    let (_cp, client, ns, host) = private_host("agent-boot-wait").await;
+    let name = host.name().to_string();
+    host.run(&["systemctl", "enable", "byoh-agent"])
+        .await
+        .unwrap();
+
+    // Power cycle: the agent starts with the boot and files its CSR.
+    host.power_off().await.unwrap();
+    host.power_on().await.unwrap();
+    let running = host
+        .exec(&["timeout", "60", "systemctl", "is-system-running", "--wait"])
+        .await
+        .unwrap();
+    assert_eq!(
+        running.stdout.trim(),
+        "running",
+        "the boot waits for the agent: {}",
+        unit(&host, "ActiveState,SubState,StatusText").await
+    );
+    let shown = unit(&host, "ActiveState,SubState,StatusText").await;
+    assert!(
+        shown.contains("ActiveState=active") && shown.contains("SubState=running"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("StatusText=Waiting for certificate signing request"),
+        "{shown}"
+    );
+    let csrs = agent::host_csrs(&client, &name).await.unwrap();
+    assert_eq!(csrs.len(), 1, "one CSR, filed at boot");
+    assert!(
+        csrs[0]
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_none_or(|c| c.is_empty()),
+        "nobody approved it yet: {:?}",
+        csrs[0].status
+    );
+    let hosts_api: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
+    assert!(hosts_api.get_opt(&name).await.unwrap().is_none());
+
+    // The administrator approves: the agent registers without a restart.
+    let pid = unit(&host, "MainPID").await;
+    agent::approve_host_csr(&client, &name, Duration::from_secs(30))
+        .await
+        .unwrap();
+    agent::wait_registered(&client, ns.name(), &name, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(unit(&host, "MainPID").await, pid);
+    let shown = unit(&host, "StatusText").await;
+    assert!(
+        shown.contains(&format!(
+            "StatusText=Registered as ByoHost {}/{name}",
+            ns.name()
+        )),
+        "{shown}"
+    );
+
     host.stop().await.unwrap();
     ns.cleanup(&client).await.unwrap();
 }

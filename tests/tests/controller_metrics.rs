@@ -6,7 +6,8 @@
 //! authenticated but refused until it is bound to ClusterRole `byoh-metrics-reader` of
 //! `infrastructure-components.yaml` (403); bound, it reads the controller's metrics. The
 //! kubelet's probes `/healthz` and `/readyz` answer on their own port without a token, and
-//! `/metrics` is not there.
+//! `/metrics` is not there. The release's optional ServiceMonitor is valid against the
+//! Prometheus Operator's CRD and selects that Service's port.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -164,4 +165,116 @@ async fn only_callers_the_api_server_allows_read_the_controllers_metrics() {
         .unwrap();
     drop(controller);
     ns.cleanup(&admin).await.unwrap();
+}
+
+/// The prometheus-operator release whose ServiceMonitor CRD the optional component is checked
+/// against (its module, from the Go module proxy).
+const PROMETHEUS_OPERATOR: &str = "github.com/prometheus-operator/prometheus-operator@v0.85.0";
+
+/// The ServiceMonitor CRD of [`PROMETHEUS_OPERATOR`] (`example/prometheus-operator-crd/`), or
+/// `None` after the missing-part rule when the module cannot be downloaded.
+fn service_monitor_crd() -> Option<String> {
+    let out = std::process::Command::new("go")
+        .args(["mod", "download", "-json", PROMETHEUS_OPERATOR])
+        .current_dir(std::env::temp_dir())
+        .output();
+    let dir = out
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v["Dir"].as_str().map(std::path::PathBuf::from));
+    let Some(dir) = dir else {
+        byoh_tests::missing_part(&format!(
+            "go mod download {PROMETHEUS_OPERATOR} failed (needs go and the Go module proxy)"
+        ));
+        return None;
+    };
+    Some(
+        std::fs::read_to_string(
+            dir.join("example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"),
+        )
+        .unwrap(),
+    )
+}
+
+/// The release's optional `metrics-servicemonitor.yaml`, applied as its README says to a real API
+/// server that has the Prometheus Operator's ServiceMonitor CRD: accepted with strict field
+/// validation (no field the CRD does not know is dropped), and it selects exactly the
+/// components' metrics Service and names its `https` port, whose target is the Deployment's
+/// metrics container port.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_optional_service_monitor_selects_the_metrics_service() {
+    use byoh_tests::manifests::{apply_yaml, components_text, config_file, documents};
+    use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams, ValidationDirective};
+    let Some(admin) = control_plane::client().await else {
+        return;
+    };
+    let Some(crd) = service_monitor_crd() else {
+        return;
+    };
+    access::install_components(&admin).await.unwrap();
+    apply_yaml(&admin, &crd, false).await.unwrap();
+    let gvk = GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
+    let (ar, _) = eventually(
+        "the ServiceMonitor CRD served",
+        Duration::from_secs(30),
+        || async { kube::discovery::pinned_kind(&admin, &gvk).await.ok() },
+    )
+    .await;
+
+    let text =
+        std::fs::read_to_string(config_file("optional/metrics-servicemonitor.yaml")).unwrap();
+    let monitor = documents(&text).unwrap().remove(0);
+    let ns = monitor["metadata"]["namespace"].as_str().unwrap();
+    let name = monitor["metadata"]["name"].as_str().unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &ar);
+    let mut pp = PatchParams::apply("byoh-tests").force();
+    pp.field_validation = Some(ValidationDirective::Strict);
+    let stored = api.patch(name, &pp, &Patch::Apply(&monitor)).await.unwrap();
+    assert_eq!(
+        stored.data["spec"], monitor["spec"],
+        "the API server changed the spec"
+    );
+
+    // What it selects, among the components' objects.
+    let components = documents(&components_text().unwrap()).unwrap();
+    let services: Vec<&serde_json::Value> = components
+        .iter()
+        .filter(|d| d["kind"] == "Service" && d["metadata"]["namespace"] == ns)
+        .filter(|d| {
+            let labels = &d["metadata"]["labels"];
+            monitor["spec"]["selector"]["matchLabels"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .all(|(k, v)| labels[k] == *v)
+        })
+        .collect();
+    assert_eq!(services.len(), 1, "selects {services:?}");
+    let service = services[0];
+    assert_eq!(
+        service["metadata"]["name"],
+        byoh_controller::manifests_metrics::METRICS_SERVICE
+    );
+    let port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == monitor["spec"]["endpoints"][0]["port"])
+        .expect("the ServiceMonitor's port is one of the Service's");
+    let deployment = components
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    let container_ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .unwrap();
+    assert!(
+        container_ports
+            .iter()
+            .any(|p| p["name"] == port["targetPort"]),
+        "the Service's target port {} is no container port: {container_ports:?}",
+        port["targetPort"]
+    );
+    api.delete(name, &DeleteParams::default()).await.unwrap();
 }

@@ -97,15 +97,9 @@ async fn dnf_packages_source_installs_the_held_version_from_a_signed_repository_
         started.elapsed().as_secs_f64()
     );
 
-    let host = Host::boot_with(
-        "installer-dnf",
-        &BootOptions {
-            flavor: Some("dnf".into()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let host = Host::boot_with("installer-dnf", &BootOptions::dnf())
+        .await
+        .unwrap();
     let name = host.name().to_string();
     let hosts =
         packages_claim::register_trusting(&client, ns.name(), &host, &served, DNF_CONFIG).await;

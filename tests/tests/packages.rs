@@ -549,15 +549,9 @@ async fn deb_life(debian: Debian) {
         .await
         .unwrap();
     let hosts_api: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
-    let registered = wait_for("the ByoHost", Duration::from_secs(30), || async {
-        Ok(hosts_api.get_opt(&name).await?.filter(|h| {
-            h.status
-                .as_ref()
-                .is_some_and(|s| byoh_api::conditions::is_true(&s.conditions, "Registered"))
-        }))
-    })
-    .await
-    .unwrap();
+    let registered = agent::wait_registered(&client, ns.name(), &name, Duration::from_secs(30))
+        .await
+        .unwrap();
     wait_for(
         "the agent to be active",
         Duration::from_secs(30),

@@ -18,7 +18,6 @@
 
 use byoh_api::ByoHost;
 use byoh_tests::agent::{self, repo_root, wait_for};
-use byoh_tests::apt_repo::Package;
 use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::hosts::{self, BootOptions, Host};
 use byoh_tests::rpm_repo;
@@ -93,23 +92,11 @@ async fn the_rpm_installs_upgrades_and_erases_with_dnf_on_the_dnf_host() {
     let bootstrap =
         agent::bootstrap_kubeconfig(&control_plane::kubeconfig_path().unwrap(), &token).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let base = rpm_repo::build_rpm(
-        tmp.path(),
-        &Package::new("byoh-test-debian-base", "12-1")
-            .provides("/bin/sh, glibc = 2.36, systemd = 252"),
-        None,
-    )
-    .unwrap();
+    let base = rpm_repo::debian_base(tmp.path()).unwrap();
     let newer = rpm_repo::rereleased(&rpm, "2", tmp.path()).unwrap();
-    let host = Host::boot_with(
-        "packages-rpm",
-        &BootOptions {
-            flavor: Some("dnf".into()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let host = Host::boot_with("packages-rpm", &BootOptions::dnf())
+        .await
+        .unwrap();
     let name = host.name().to_string();
     let base_in_host = copy_in(&host, &base).await;
     host.run(&["rpm", "-i", &base_in_host]).await.unwrap();
@@ -169,15 +156,9 @@ async fn the_rpm_installs_upgrades_and_erases_with_dnf_on_the_dnf_host() {
         .await
         .unwrap();
     let hosts_api: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());
-    let registered = wait_for("the ByoHost", Duration::from_secs(30), || async {
-        Ok(hosts_api.get_opt(&name).await?.filter(|h| {
-            h.status
-                .as_ref()
-                .is_some_and(|s| byoh_api::conditions::is_true(&s.conditions, "Registered"))
-        }))
-    })
-    .await
-    .unwrap();
+    let registered = agent::wait_registered(&client, ns.name(), &name, Duration::from_secs(30))
+        .await
+        .unwrap();
     let kept = [
         "/etc/byoh/agent.toml",
         "/etc/byoh/agent.toml.d/50-cluster.toml",

@@ -31,6 +31,9 @@ const MANIFESTS: [&str; 5] = [
     "clusterclass-byoh-quickstart.yaml",
 ];
 
+/// Optional components: in the release (and SHA256SUMS), not in the clusterctl repository.
+const OPTIONAL: [&str; 1] = ["metrics-servicemonitor.yaml"];
+
 fn artifacts() -> Vec<String> {
     ARTIFACTS
         .iter()
@@ -125,6 +128,7 @@ fn a_release_is_a_clusterctl_repository_that_clusterctl_accepts() {
     // Every release file, and SHA256SUMS covering exactly them.
     let mut expected: Vec<String> = artifacts();
     expected.extend(MANIFESTS.iter().map(|m| m.to_string()));
+    expected.extend(OPTIONAL.iter().map(|m| m.to_string()));
     for f in &expected {
         assert!(out.join(f).is_file(), "{f} missing in the release");
     }
@@ -149,6 +153,12 @@ fn a_release_is_a_clusterctl_repository_that_clusterctl_accepts() {
             std::fs::read(repo.join(m)).unwrap(),
             std::fs::read(out.join(m)).unwrap(),
             "{m} differs between the release and the repository"
+        );
+    }
+    for o in OPTIONAL {
+        assert!(
+            !repo.join(o).exists(),
+            "{o} is in the clusterctl repository"
         );
     }
 

@@ -698,12 +698,70 @@ pub fn drop_ins(main: &Path) -> Result<Vec<PathBuf>, ConfigProblem> {
 /// # Errors
 /// [`ConfigError`] with every problem: unreadable files, parse errors, bad values.
 pub fn load(main: &Path, overrides: Overrides) -> Result<Settings, ConfigError> {
+    load_with(main, None, overrides)
+}
+
+/// A drop-in not yet in place: `file` read as if it were `<main>.d/<name>` (`byoh-agent
+/// check-config --drop-in FILE --as NAME`, what a configuration tool's validate step runs
+/// before it moves FILE there).
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// Where the fragment is now (e.g. a configuration tool's temporary file).
+    pub file: PathBuf,
+    /// Its file name in the drop-in directory, e.g. `50-ansible.toml`: it takes that place in
+    /// the lexical order and stands in for a drop-in of that name.
+    pub name: String,
+}
+
+/// The drop-ins with `candidate` in its place: a drop-in of its name left out, the candidate
+/// sorted among the others by its name (the lexical order of [`drop_ins`]).
+pub fn with_candidate(drop_ins: Vec<PathBuf>, candidate: &Candidate) -> Vec<PathBuf> {
+    let name = std::ffi::OsStr::new(&candidate.name);
+    let mut named: Vec<(std::ffi::OsString, PathBuf)> = drop_ins
+        .into_iter()
+        .filter(|p| p.file_name() != Some(name))
+        .map(|p| (p.file_name().unwrap_or_default().to_owned(), p))
+        .collect();
+    named.push((name.to_owned(), candidate.file.clone()));
+    named.sort();
+    named.into_iter().map(|(_, p)| p).collect()
+}
+
+/// [`load`], with `candidate` (when given) among the drop-ins as [`with_candidate`] places it.
+///
+/// # Errors
+/// [`ConfigError`] with every problem, those of the candidate named by its own path; a
+/// candidate name that is not a `*.toml` file name is one of them.
+pub fn load_with(
+    main: &Path,
+    candidate: Option<&Candidate>,
+    overrides: Overrides,
+) -> Result<Settings, ConfigError> {
     let mut problems = Vec::new();
     let mut merged = Merged::default();
     let mut files = vec![main.to_path_buf()];
-    match drop_ins(main) {
-        Ok(d) => files.extend(d),
-        Err(p) => problems.push(p),
+    match (drop_ins(main), candidate) {
+        (Ok(d), None) => files.extend(d),
+        (Ok(d), Some(c)) => {
+            let readable = !c.name.contains('/')
+                && Path::new(&c.name).extension().is_some_and(|x| x == "toml");
+            if !readable {
+                problems.push(ConfigProblem {
+                    origin: Origin::File {
+                        path: c.file.clone(),
+                        line: 1,
+                    },
+                    key: String::new(),
+                    message: format!(
+                        "the drop-in name '{}' is not a file name ending in .toml, so the agent \
+                         would never read it there",
+                        c.name
+                    ),
+                });
+            }
+            files.extend(with_candidate(d, c));
+        }
+        (Err(p), _) => problems.push(p),
     }
     for path in files {
         let text = match std::fs::read_to_string(&path) {

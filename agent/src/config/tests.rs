@@ -294,6 +294,83 @@ fn drop_ins_apply_in_lexical_order_and_labels_merge() {
 }
 
 #[test]
+fn a_candidate_drop_in_takes_its_names_place_and_reports_its_own_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = write(dir.path(), "agent.toml", "[agent]\nlog_level = \"warn\"\n");
+    write(
+        dir.path(),
+        "agent.toml.d/10-early.toml",
+        "[agent]\nlog_level = \"error\"\n",
+    );
+    write(
+        dir.path(),
+        "agent.toml.d/50-ansible.toml",
+        "[agent]\nlog_level = \"trace\"\n",
+    );
+    write(
+        dir.path(),
+        "agent.toml.d/90-site.toml",
+        "[host]\nlabels = { site = \"edge\" }\n",
+    );
+    // A configuration tool's temporary file, outside the drop-in directory.
+    let tmp = write(
+        dir.path(),
+        "tmp/ansible.xyz",
+        "[agent]\nlog_level = \"debug\"\n",
+    );
+    let candidate = Candidate {
+        file: tmp.clone(),
+        name: "50-ansible.toml".into(),
+    };
+    let s = load_with(&main, Some(&candidate), Overrides::default()).unwrap();
+    assert_eq!(
+        s.log_level, "debug",
+        "the candidate replaces 50-ansible.toml"
+    );
+    assert_eq!(s.labels.get("site").map(String::as_str), Some("edge"));
+    let names: Vec<_> = s
+        .files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["agent.toml", "10-early.toml", "ansible.xyz", "90-site.toml"]
+    );
+
+    // Sorted by its name, not its path: as 00-first.toml it comes before 10-early.toml.
+    let first = Candidate {
+        file: tmp.clone(),
+        name: "00-first.toml".into(),
+    };
+    assert_eq!(
+        load_with(&main, Some(&first), Overrides::default())
+            .unwrap()
+            .log_level,
+        "trace"
+    );
+
+    // Its problems name the file that has them, every one at once.
+    std::fs::write(&tmp, "[agent]\nlog_level = \"loud\"\nbogus = 1\n").unwrap();
+    let err = load_with(&main, Some(&candidate), Overrides::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("ansible.xyz:3: agent.bogus"), "{text}");
+    assert!(text.contains("log_level"), "{text}");
+
+    // A name the agent would never read in the directory is refused.
+    let hidden = Candidate {
+        file: tmp,
+        name: "50-ansible.conf".into(),
+    };
+    std::fs::write(&hidden.file, "").unwrap();
+    let err = load_with(&main, Some(&hidden), Overrides::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("not a file name ending in .toml"),
+        "{err}"
+    );
+}
+
+#[test]
 fn error_in_a_drop_in_names_the_drop_in() {
     let dir = tempfile::tempdir().unwrap();
     let main = write(dir.path(), "agent.toml", "");

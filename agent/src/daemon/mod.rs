@@ -146,6 +146,13 @@ pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
     }
 }
 
+/// How long the start-up waits for its CSR's approval before it reports READY=1 anyway (with the
+/// wait as its STATUS=): the controller approves a well-formed CSR within a second or two, so a
+/// longer wait is one on an administrator (re-enrolment, a pool with manual approval), which may
+/// take days. Until then the start job holds `multi-user.target` and the boot, as a start-up
+/// that is still progressing should.
+const APPROVAL_WAIT_BEFORE_READY: Duration = Duration::from_secs(10);
+
 async fn obtain_client(
     settings: &Settings,
     paths: &IdentityPaths,
@@ -157,11 +164,25 @@ async fn obtain_client(
             Ok(identity::client_from(kc, path).await?)
         }
         Credentials::Bootstrap(bootstrap) => {
+            let started = std::time::Instant::now();
+            let mut ready = false;
             let mut on_wait = |csr: &str| {
-                notify::extend_startup(30);
-                notify::status(&format!(
+                let text = format!(
                     "Waiting for certificate signing request {csr} to be approved (the controller approves it; by hand: kubectl certificate approve {csr})"
-                ));
+                );
+                notify::extend_startup(30);
+                if !ready && started.elapsed() >= APPROVAL_WAIT_BEFORE_READY {
+                    // A wait on a person: the boot must not wait with it (a start job that
+                    // never ends holds multi-user.target and `systemctl is-system-running`).
+                    ready = true;
+                    notify::ready(&text);
+                    tracing::info!(
+                        csr,
+                        "{text}; start-up reported complete, registration follows the approval"
+                    );
+                } else {
+                    notify::status(&text);
+                }
             };
             Ok(identity::ensure(
                 paths,
