@@ -1,6 +1,6 @@
 //! The objects of the controller's metrics endpoint in `infrastructure-components.yaml` (issue
 //! 40): the ClusterRole a scraper is bound to, and the Service Prometheus discovers the endpoint
-//! through. Built from what `manifests.rs` passes in (names, labels, port), so this module
+//! through. Built from what `manifests/` passes in (names, labels, port), so this module
 //! needs nothing of it. The endpoint itself is `serve.rs`, its access rule `metrics_auth.rs`.
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
