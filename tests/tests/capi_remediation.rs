@@ -23,7 +23,9 @@
 //! remediates it (`NodeStartupTimeout`), the agent stops the join and cleans the host, which is
 //! held back until its operator fixes and frees it ([`stuck_bootstrap`]). Then the
 //! MachineHealthCheck hands its remediation to BYOH (a ByoRemediationTemplate): a stopped kubelet
-//! is restarted by its host's agent and nothing is replaced ([`external_remediation`]). Deleting
+//! is restarted by its host's agent and nothing is replaced, while a kubelet that lost its
+//! credentials is still unhealthy after the restart, handed back to Cluster API and replaced
+//! ([`external_remediation`]). Deleting
 //! the Cluster releases every host clean.
 //!
 //! A failing step prints the managers' and the controller's logs, the agents' and kubelets'
@@ -518,14 +520,49 @@ async fn stuck_bootstrap(c: &CapiCluster<'_>, stuck: &str) -> anyhow::Result<()>
 /// The section of [`PAGE`] with the ByoRemediationTemplate.
 const GENTLER: &str = "### A gentler remedy first: restart, reboot, then replace";
 
+/// The ByoRemediation of Machine `machine` once it has asked `host` to `RestartServices` (its
+/// first step), with its UID.
+async fn asked_to_restart(
+    requests: &Api<byoh_api::ByoRemediation>,
+    machine: &str,
+    host: &str,
+) -> anyhow::Result<String> {
+    let asked = wait_for(
+        &format!("ByoRemediation {machine} asking {host} to RestartServices"),
+        Duration::from_secs(300),
+        || async {
+            let r = requests.get_opt(machine).await?;
+            Ok(r.filter(|r| {
+                r.status.as_ref().is_some_and(|s| {
+                    s.steps.first().is_some_and(|step| {
+                        step.host == host
+                            && step.action
+                                == byoh_api::byoremediation::RemediationAction::RestartServices
+                    })
+                })
+            }))
+        },
+    )
+    .await?;
+    Ok(asked.metadata.uid.unwrap_or_default())
+}
+
 /// A remedy before replacement, as docs/troubleshooting.md gives it ([`GENTLER`]): its
 /// ByoRemediationTemplate applied (its steps cut to `RestartServices`: a reboot ends an nspawn
 /// test host; 120 s for it) and the MachineHealthCheck's `remediation.templateRef` pointed at it;
-/// then a worker's kubelet stopped by hand. Asserted: Cluster API creates the ByoRemediation of
-/// the Machine's name, BYOH's controller asks the Machine's host to restart its services
-/// (`status.steps`, Event `RemediationStep`), the agent does (`status.remediation` `Done`), the
-/// kubelet runs again with nobody's help, the Node is Ready, the MachineHealthCheck deletes the
-/// request, and the Machine is the same one on the same host: nothing was replaced.
+/// then, at once, one worker's kubelet stopped by hand (a restart helps) and the other's kubelet
+/// credentials lost (`/etc/kubernetes/kubelet.conf` removed and the kubelet restarted, as a disk
+/// fault or a slip of an operator's would: a restart cannot help, the kubelet fails at each start).
+/// Asserted for the first: Cluster API creates the ByoRemediation of the Machine's name, BYOH's
+/// controller asks the Machine's host to restart its services (`status.steps`, Event
+/// `RemediationStep`), the agent does (`status.remediation` `Done`), the kubelet runs again with
+/// nobody's help, the Node is Ready, the MachineHealthCheck deletes the request, and the Machine
+/// is the same one on the same host. For the second: the same step asked and done, the Machine
+/// still unhealthy after `stepTimeoutSeconds`, so BYOH hands it back (ByoRemediation phase
+/// `HandedOver`, Warning Event `HandedOver`, the Machine's `OwnerRemediated` False) and Cluster
+/// API's MachineSet replaces it: the Machine gone, its host released by its agent's clean-up of
+/// that claim, and the replacement (the only free host is that one) joined there with new
+/// credentials. Two workers Ready in the end, the Cluster Available.
 async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     let bed = c.bed;
     let template = page_yaml(
@@ -558,33 +595,34 @@ async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         out.sort();
         out
     };
-    let (machine, host) = workers.first().cloned().context("no worker")?;
+    let [(machine, host), (lost, lost_host)] =
+        <[(String, String); 2]>::try_from(workers.clone())
+            .map_err(|w| anyhow::anyhow!("want two workers, have {w:?}"))?;
+    let lost_claim = c
+        .byohosts()
+        .get(&lost_host)
+        .await?
+        .spec
+        .claim
+        .map(|claim| claim.machine_ref.uid)
+        .context("the second worker's host carries no claim")?;
     bed.host(&host)?
         .run(&["systemctl", "stop", "kubelet.service"])
         .await?;
+    bed.host(&lost_host)?
+        .run(&[
+            "sh",
+            "-c",
+            "rm /etc/kubernetes/kubelet.conf && systemctl restart kubelet.service",
+        ])
+        .await?;
     bed.phases.done(&format!(
-        "external remediation: the page's ByoRemediationTemplate applied, the MachineHealthCheck pointed at it, the kubelet of {machine} on {host} stopped"
+        "external remediation: the page's ByoRemediationTemplate applied, the MachineHealthCheck pointed at it; the kubelet of {machine} on {host} stopped, the kubelet credentials of {lost} on {lost_host} removed"
     ));
 
     let requests: Api<byoh_api::ByoRemediation> = Api::namespaced(bed.admin.clone(), POOL);
-    let asked = wait_for(
-        &format!("ByoRemediation {machine} asking {host} to RestartServices"),
-        Duration::from_secs(300),
-        || async {
-            let r = requests.get_opt(&machine).await?;
-            Ok(r.filter(|r| {
-                r.status.as_ref().is_some_and(|s| {
-                    s.steps.first().is_some_and(|step| {
-                        step.host == host
-                            && step.action
-                                == byoh_api::byoremediation::RemediationAction::RestartServices
-                    })
-                })
-            }))
-        },
-    )
-    .await?;
-    let uid = asked.metadata.uid.clone().unwrap_or_default();
+    let uid = asked_to_restart(&requests, &machine, &host).await?;
+    let lost_uid = asked_to_restart(&requests, &lost, &lost_host).await?;
     wait_for(
         &format!("the kubelet on {host} running again"),
         Duration::from_secs(120),
@@ -604,18 +642,20 @@ async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         || async { Ok(requests.get_opt(&machine).await?.is_none().then_some(())) },
     )
     .await?;
-    let reported = c
-        .byohosts()
-        .get(&host)
-        .await?
-        .status
-        .and_then(|s| s.remediation);
-    ensure!(
-        reported
-            .as_ref()
-            .is_some_and(|r| r.id == format!("{uid}/0") && r.result == "Done"),
-        "{host} reports {reported:?}, not step {uid}/0 done"
-    );
+    for (h, id) in [(&host, &uid), (&lost_host, &lost_uid)] {
+        let reported = c
+            .byohosts()
+            .get(h)
+            .await?
+            .status
+            .and_then(|s| s.remediation);
+        ensure!(
+            reported
+                .as_ref()
+                .is_some_and(|r| r.id == format!("{id}/0") && r.result == "Done"),
+            "{h} reports {reported:?}, not step {id}/0 done"
+        );
+    }
     let events =
         byoh_tests::objects::events_about(&bed.admin, POOL, "ByoRemediation", &machine).await;
     ensure!(
@@ -624,7 +664,45 @@ async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
             .any(|e| e.reason.as_deref() == Some("RemediationStep")),
         "no RemediationStep Event about ByoRemediation {machine}"
     );
-    let after = c.wait_workers(2, Duration::from_secs(300)).await?;
+    bed.phases.done(&format!(
+        "remedied in place: {host} restarted its services (ByoRemediation {machine}, step {uid}/0 Done), Node Ready, request deleted by the MachineHealthCheck"
+    ));
+
+    // The one a restart cannot help: handed back after the step's timeout, then replaced.
+    let machines = c.capi("Machine");
+    wait_for(
+        &format!("ByoRemediation {lost} handed over and Machine {lost} OwnerRemediated=False"),
+        Duration::from_secs(300),
+        || async {
+            let Some(r) = requests.get_opt(&lost).await? else {
+                // Replaced already: the Machine (and with it the request) gone.
+                return Ok(machines.get_opt(&lost).await?.is_none().then_some(()));
+            };
+            let handed = r.status.and_then(|s| s.phase).as_deref()
+                == Some(byoh_api::byoremediation::PHASE_HANDED_OVER);
+            let owner_remediated = machines.get_opt(&lost).await?.is_none_or(|m| {
+                m.data["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "OwnerRemediated" && c["status"] == "False")
+            });
+            Ok((handed && owner_remediated).then_some(()))
+        },
+    )
+    .await?;
+    let events = byoh_tests::objects::events_about(&bed.admin, POOL, "ByoRemediation", &lost).await;
+    ensure!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("HandedOver")),
+        "no HandedOver Event about ByoRemediation {lost}: {:?}",
+        events.iter().map(|e| &e.reason).collect::<Vec<_>>()
+    );
+    bed.phases.done(&format!(
+        "handed over: {lost} still unhealthy 120 s after its step ({lost_uid}/0 Done), OwnerRemediated=False, Warning HandedOver"
+    ));
+    let after = c.wait_workers(2, Duration::from_secs(600)).await?;
     let mut machines_after = Vec::new();
     for m in c.machines(false).await? {
         machines_after.push((
@@ -634,18 +712,33 @@ async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     }
     machines_after.sort();
     ensure!(
-        machines_after == workers,
-        "the workers changed: {workers:?} -> {machines_after:?} (Nodes on {after:?})"
+        machines_after.contains(&(machine.clone(), host.clone())),
+        "the worker remedied in place changed: {workers:?} -> {machines_after:?}"
+    );
+    ensure!(
+        !machines_after.iter().any(|(m, _)| *m == lost)
+            && machines_after
+                .iter()
+                .any(|(m, h)| *m != machine && *h == lost_host),
+        "{lost} not replaced on the freed {lost_host}: {workers:?} -> {machines_after:?} (Nodes on {after:?})"
+    );
+    let h = c.byohosts().get(&lost_host).await?;
+    ensure!(
+        h.status
+            .as_ref()
+            .and_then(|s| s.cleaned_machine_uid.as_deref())
+            == Some(lost_claim.as_str()),
+        "{lost_host} was not released by its agent's clean-up of {lost_claim}"
     );
     c.wait_available(Duration::from_secs(300)).await?;
     bed.phases.done(&format!(
-        "remedied in place: {host} restarted its services (ByoRemediation {machine}, step {uid}/0 Done), Node Ready, request deleted by the MachineHealthCheck, the same Machines, Cluster Available"
+        "replaced: {lost} gone, its host {lost_host} cleaned and joined again by the replacement; {machine} the same on {host}; Cluster Available"
     ));
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_machine_health_check_replaces_a_powered_off_worker_a_stopped_kubelet_and_a_stuck_bootstrap_and_remedies_a_kubelet_in_place()
+async fn a_machine_health_check_replaces_a_powered_off_worker_a_stopped_kubelet_and_a_stuck_bootstrap_and_remedies_a_kubelet_in_place_or_hands_it_over()
  {
     if !hosts::available() {
         return;
