@@ -154,6 +154,20 @@ async fn lease_current(
     }))
 }
 
+/// The UID of the ByoMachine whose claim host `name` carries (what its agent's clean-up of
+/// that claim records as `cleanedMachineUID`).
+///
+/// Errors when the host carries no claim or the API server does not answer.
+async fn claimed_machine_uid(c: &CapiCluster<'_>, name: &str) -> anyhow::Result<String> {
+    c.byohosts()
+        .get(name)
+        .await?
+        .spec
+        .claim
+        .map(|claim| claim.machine_ref.uid)
+        .with_context(|| format!("worker host {name} carries no claim"))
+}
+
 async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
     let c = CapiCluster::new(bed, CLUSTER);
     let (cp_host, dead) = create(&c).await?;
@@ -295,14 +309,7 @@ async fn scenario(bed: &CapiBed) -> anyhow::Result<()> {
     // same way; its agent releases the host gracefully (its own clean-up, no mark), and the
     // replacement runs on one of the two hosts then free (the released one is as good).
     let stopped = free;
-    let old_uid = c
-        .byohosts()
-        .get(&stopped)
-        .await?
-        .spec
-        .claim
-        .map(|claim| claim.machine_ref.uid)
-        .context("the worker's host carries no claim")?;
+    let old_uid = claimed_machine_uid(&c, &stopped).await?;
     bed.host(&stopped)?
         .run(&["systemctl", "stop", "kubelet.service"])
         .await?;
@@ -598,14 +605,7 @@ async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     let [(machine, host), (lost, lost_host)] =
         <[(String, String); 2]>::try_from(workers.clone())
             .map_err(|w| anyhow::anyhow!("want two workers, have {w:?}"))?;
-    let lost_claim = c
-        .byohosts()
-        .get(&lost_host)
-        .await?
-        .spec
-        .claim
-        .map(|claim| claim.machine_ref.uid)
-        .context("the second worker's host carries no claim")?;
+    let lost_claim = claimed_machine_uid(c, &lost_host).await?;
     bed.host(&host)?
         .run(&["systemctl", "stop", "kubelet.service"])
         .await?;
