@@ -363,6 +363,9 @@ impl<U: UnitManager, R: CommandRunner> Applier<'_, U, R> {
             Step::Enable(unit) => self.enable(unit).await,
             Step::Start(unit) => self.start(unit).await,
             Step::Packages(p) => p.apply(self).await,
+            Step::AptSources => super::apt_sources::host_entries(&self.commands())
+                .await
+                .map(|_| ()),
             Step::CheckSettings => {
                 // Not a warning of the install: a container host cannot load modules or set
                 // its machine's sysctls, and that is its operator's choice; `byoh-agent

@@ -16,6 +16,7 @@
 //! verified before anything on the host is changed).
 
 mod apply;
+mod apt_sources;
 #[cfg(test)]
 mod bundle_tests;
 pub mod busy;

@@ -15,7 +15,7 @@
 
 use super::{
     Applier, Change, Commands, InstallError, PACKAGE_COMMAND_TIMEOUT, PackageManager, Placement,
-    SHORT_COMMAND_TIMEOUT, StepProgress, argv, bare_version, download,
+    SHORT_COMMAND_TIMEOUT, StepProgress, apt_sources, argv, bare_version, download,
 };
 use crate::cloudinit::CommandRunner;
 use crate::systemd::UnitManager;
@@ -90,10 +90,9 @@ impl PackageSteps {
         match self.manager {
             PackageManager::Apt => vec![
                 format!(
-                    "fetch the signing key {key} into {APT_KEYRING_STEM}.asc (.gpg if not armored)"
+                    "fetch the signing key {key} into {APT_KEYRING_STEM}.asc (.gpg if not armored), and create {APT_SOURCE} (URIs: {repo}, Suites: /), unless the host's own sources name this repository already: then those are used as they are"
                 ),
-                format!("create {APT_SOURCE} (URIs: {repo}, Suites: /)"),
-                "apt-get update".into(),
+                "apt-get update (if another of the host's sources fails it, the repository's source is updated alone)".into(),
                 format!(
                     "apt-get install {} (refused if another version is installed; downloaded first to note the directories they ship that exist, which uninstall keeps); record every package added",
                     self.requested().join(" ")
@@ -119,27 +118,40 @@ impl PackageSteps {
     ) -> Result<(), InstallError> {
         match self.manager {
             PackageManager::Apt => {
-                let keyring = self.fetch_key(ctx).await?;
-                let source = format!(
-                    "# Written by byoh-agent (K8sInstallerConfig packages source); removed when the host is released.\n\
-                     Types: deb\nURIs: {}\nSuites: /\nSigned-By: {}\n",
-                    self.repository,
-                    keyring.display()
-                );
-                put_text(ctx, Path::new(APT_SOURCE), &source)?;
+                // apt reads the host's sources (checked readable before anything changed, by
+                // `Step::AptSources`) and may find the repository there already.
+                let entries = apt_sources::host_entries(&ctx.commands()).await?;
+                let source_file = match apt_sources::same_repository(
+                    &entries,
+                    &self.repository,
+                    APT_SOURCE,
+                ) {
+                    Some(own) => {
+                        tracing::info!(
+                            "the host's own apt sources already name the Kubernetes repository ({}): used as they are, nothing of ours written (apt refuses a second entry with another Signed-By)",
+                            own.sources_entry
+                        );
+                        own.file().to_string()
+                    }
+                    None => {
+                        let keyring = self.fetch_key(ctx).await?;
+                        let source = format!(
+                            "# Written by byoh-agent (K8sInstallerConfig packages source); removed when the host is released.\n\
+                             Types: deb\nURIs: {}\nSuites: /\nSigned-By: {}\n",
+                            self.repository,
+                            keyring.display()
+                        );
+                        put_text(ctx, Path::new(APT_SOURCE), &source)?;
+                        APT_SOURCE.to_string()
+                    }
+                };
                 let idx = match ctx.lookup("apt-update") {
                     StepProgress::Done => None,
                     StepProgress::Pending(i, _) => Some(i),
                     StepProgress::New => Some(ctx.record(Change::AptUpdated)?),
                 };
                 if let Some(i) = idx {
-                    ctx.commands()
-                        .run_pm(
-                            &argv(&["apt-get", "update", "-q"]),
-                            PACKAGE_COMMAND_TIMEOUT,
-                            "check the repository URL (packages.aptRepository), that packages.keyURL is the key the repository is signed with, and this host's network",
-                        )
-                        .await?;
+                    self.update(ctx, &source_file).await?;
                     ctx.done(i)?;
                 }
                 let installed = self.install(ctx).await?;
@@ -172,6 +184,43 @@ impl PackageSteps {
                 self.install(ctx).await.map(|_| ())
             }
         }
+    }
+
+    /// `apt-get update`; when it fails, the sources in `source_file` (the one naming the
+    /// repository) are updated alone and only their failure is an error: another of the host's
+    /// sources that fails is logged and left alone (see `apt_sources`).
+    async fn update<U: UnitManager, R: CommandRunner>(
+        &self,
+        ctx: &mut Applier<'_, U, R>,
+        source_file: &str,
+    ) -> Result<(), InstallError> {
+        const HINT: &str = "check the repository URL (packages.aptRepository), that packages.keyURL is the key the repository is signed with, and this host's network";
+        let all = ctx
+            .commands()
+            .run_pm(
+                &argv(&["apt-get", "update", "-q"]),
+                PACKAGE_COMMAND_TIMEOUT,
+                HINT,
+            )
+            .await;
+        let Err(others) = all else {
+            return Ok(());
+        };
+        ctx.commands()
+            .run_pm(
+                &apt_sources::update_only(source_file),
+                PACKAGE_COMMAND_TIMEOUT,
+                HINT,
+            )
+            .await?;
+        let why = match others {
+            InstallError::Command { status, stderr, .. } => format!("{status}: {stderr}"),
+            other => other.to_string(),
+        };
+        tracing::warn!(
+            "apt-get update failed for another of the host's apt sources, not the Kubernetes repository's ({source_file}, updated alone): continuing with the lists apt has for the others; apt-get update {why}"
+        );
+        Ok(())
     }
 
     /// Downloads the key and installs it as the keyring; returns its host path.

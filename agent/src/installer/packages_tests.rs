@@ -12,11 +12,26 @@ fn package_runner(
     added: &'static [&'static str],
     apt: bool,
 ) -> FakeRunner {
+    package_runner_with(installed, added, apt, "", false)
+}
+
+/// [`package_runner`] on a host whose apt sources give `indextargets` (the output of
+/// `apt-get indextargets`) and, with `broken_other`, where a plain `apt-get update` fails (another
+/// source is broken) while the update of one source file alone passes.
+fn package_runner_with(
+    installed: &'static [&'static str],
+    added: &'static [&'static str],
+    apt: bool,
+    indextargets: &'static str,
+    broken_other: bool,
+) -> FakeRunner {
     let db = Mutex::new(installed.iter().map(|s| s.to_string()).collect::<Vec<_>>());
     FakeRunner::new(move |argv| {
         let mut db = db.lock().unwrap();
         let a: Vec<&str> = argv.iter().map(String::as_str).collect();
         match a.as_slice() {
+            ["apt-get", "indextargets", ..] => (0, indextargets.to_string()),
+            ["apt-get", "-o", _, "update", "-q"] if broken_other => (100, String::new()),
             ["dpkg-query", ..] => (0, db.iter().map(|l| format!("ii  {l}\n")).collect()),
             ["env", _, "apt-get", "-o", _, "install", "--download-only", rest @ ..] => {
                 let dir = rest
@@ -121,6 +136,9 @@ async fn apt_packages_command_sequence_and_revert() {
     assert_eq!(
         cmds,
         [
+            // Before anything changes (`Step::AptSources`), then at the packages step.
+            "apt-get indextargets --no-release-info --format $(REPO_URI)\t$(RELEASE)\t$(SOURCESENTRY)",
+            "apt-get indextargets --no-release-info --format $(REPO_URI)\t$(RELEASE)\t$(SOURCESENTRY)",
             "apt-get -o DPkg::Lock::Timeout=300 update -q",
             "dpkg-query -W -f ${db:Status-Abbrev} ${Package} ${Version}\\n",
             "env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install --download-only -y -q -o Dir::Cache::archives=DL/apt-archives kubeadm=1.36.3-1.1 kubelet=1.36.3-1.1 kubectl=1.36.3-1.1",
@@ -182,6 +200,114 @@ async fn apt_packages_command_sequence_and_revert() {
             "env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 purge -y -q conntrack cri-tools kubeadm kubectl kubelet kubernetes-cni",
             "apt-get -o DPkg::Lock::Timeout=300 update -q",
         ]
+    );
+    assert_eq!(tree(&b.root), before);
+}
+
+/// The packages a claim adds in the apt tests of the host's own sources.
+const ADDED: &[&str] = &[
+    "kubeadm 1.36.3-1.1",
+    "kubelet 1.36.3-1.1",
+    "kubectl 1.36.3-1.1",
+];
+
+#[tokio::test]
+async fn apt_uses_the_hosts_own_entry_for_the_repository_and_writes_none_of_its_own() {
+    let b = bed();
+    let units = debian_like(&b);
+    let (base, _) = serve(vec![("/Release.key", b"\x99binary".to_vec())]).await;
+    let runner = package_runner_with(
+        &[],
+        ADDED,
+        true,
+        "http://deb.debian.org/debian/\tbookworm\t/etc/apt/sources.list:1\n\
+         https://pkgs.k8s.io/core:/stable:/v1.36/deb/\t\t/etc/apt/sources.list.d/kubernetes.list:1\n",
+        false,
+    );
+    let before = tree(&b.root);
+    install(
+        &request(&b, apt_spec(&base)),
+        &os_debian(),
+        &units,
+        &runner,
+        &b.manifest,
+    )
+    .await
+    .unwrap();
+    // Neither our source nor our keyring: apt would refuse two Signed-By values for one source.
+    assert!(
+        !b.root
+            .join("etc/apt/sources.list.d/byoh-kubernetes.sources")
+            .exists()
+    );
+    assert!(!b.root.join("etc/apt/keyrings").exists());
+    let calls = runner.calls();
+    assert!(calls[0].starts_with("apt-get indextargets"), "{calls:#?}");
+    let updates: Vec<&String> = calls.iter().filter(|c| c.contains(" update ")).collect();
+    assert_eq!(updates, ["apt-get -o DPkg::Lock::Timeout=300 update -q"]);
+    uninstall_bed(&b, &units, &runner).await.unwrap();
+    assert_eq!(tree(&b.root), before);
+}
+
+#[tokio::test]
+async fn apt_updates_the_repository_alone_when_another_host_source_fails() {
+    let b = bed();
+    let units = debian_like(&b);
+    let (base, _) = serve(vec![("/Release.key", b"\x99binary".to_vec())]).await;
+    let runner = package_runner_with(&[], ADDED, true, "", true);
+    install(
+        &request(&b, apt_spec(&base)),
+        &os_debian(),
+        &units,
+        &runner,
+        &b.manifest,
+    )
+    .await
+    .unwrap();
+    let calls = runner.calls();
+    let updates: Vec<&String> = calls.iter().filter(|c| c.contains(" update ")).collect();
+    assert_eq!(
+        updates,
+        [
+            "apt-get -o DPkg::Lock::Timeout=300 update -q",
+            "apt-get -o DPkg::Lock::Timeout=300 update -q -o Dir::Etc::SourceList=/etc/apt/sources.list.d/byoh-kubernetes.sources -o Dir::Etc::SourceParts=- -o APT::Get::List-Cleanup=0",
+        ]
+    );
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.contains("apt-get -o DPkg::Lock::Timeout=300 install -y"))
+    );
+}
+
+#[tokio::test]
+async fn apt_fails_before_any_change_when_apt_cannot_read_the_hosts_sources() {
+    let b = bed();
+    let units = debian_like(&b);
+    let (base, _) = serve(vec![("/Release.key", b"\x99binary".to_vec())]).await;
+    let runner = FakeRunner::new(|argv| match argv[1].as_str() {
+        "indextargets" => (100, String::new()),
+        _ => (0, String::new()),
+    });
+    let before = tree(&b.root);
+    let e = install(
+        &request(&b, apt_spec(&base)),
+        &os_debian(),
+        &units,
+        &runner,
+        &b.manifest,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("apt-get indextargets") && e.contains("this host's own sources"),
+        "{e}"
+    );
+    assert!(
+        !runner.calls().iter().any(|c| c.contains("update")),
+        "{:?}",
+        runner.calls()
     );
     assert_eq!(tree(&b.root), before);
 }

@@ -148,6 +148,9 @@ pub fn plan_install(
             }
             Step::Start(unit) => out.push(planned(format!("start {unit} if not active"))),
             Step::Packages(p) => out.extend(p.plan().into_iter().map(planned)),
+            Step::AptSources => out.push(planned(
+                "read the host's own apt sources (apt-get indextargets): refused before anything changes if apt cannot parse them",
+            )),
             Step::CheckSettings => {
                 for n in super::settings::not_in_effect(root) {
                     out.push(planned(format!("check, and report if still so: {n}")));

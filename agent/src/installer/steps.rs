@@ -116,6 +116,9 @@ pub(super) enum Step {
     Enable(&'static str),
     Start(&'static str),
     Packages(packages::PackageSteps),
+    /// Check that apt can read the host's own sources, before anything changes
+    /// (`super::apt_sources`).
+    AptSources,
     /// Record which required modules and sysctls are not in effect, and why
     /// ([`super::settings::not_in_effect`]), in the manifest's `not_in_effect`.
     CheckSettings,
@@ -168,6 +171,9 @@ pub(super) fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) ->
             }
         }
         Source::Packages(p, manager) => {
+            if *manager == super::PackageManager::Apt {
+                v.push(Step::AptSources);
+            }
             v.extend(preparation());
             if containerd_present(&req.root) {
                 v.push(Step::ContainerdConfig);
