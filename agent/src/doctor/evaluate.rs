@@ -303,6 +303,8 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
         )
     });
 
+    out.push(disk::check(&i.disks, i.claimed));
+
     match &i.api {
         Err(why) => {
             let fix = "give the agent a kubeconfig: [cluster] bootstrap_kubeconfig (default /etc/byoh/bootstrap-kubeconfig) or [cluster] kubeconfig";

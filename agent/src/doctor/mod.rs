@@ -101,6 +101,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "no files of an earlier kubeadm cluster on a free host: its kubeconfigs and kubelet configuration (`/etc/kubernetes/*.conf`, `/var/lib/kubelet/config.yaml`), non-empty `/etc/kubernetes/manifests`, `/etc/kubernetes/pki`, `/var/lib/etcd`",
     ),
     (
+        "disk-space",
+        "free space and inodes (`statvfs`) on the filesystems of `/var/lib/containerd` and `/var/lib/kubelet` (their parent's while they do not exist): fails under 2 GiB, warns under the kubelet's default `evictionHard` thresholds (`imagefs.available<15%`, `nodefs.available<10%`, `nodefs.inodesFree<5%`)",
+    ),
+    (
         "clock-skew",
         "local clock against the API server's `Date` header",
     ),
@@ -213,6 +217,8 @@ pub struct Inputs {
     pub busy_ports: Vec<PortUse>,
     /// What an earlier `kubeadm init`/`join` left on the host ([`kubeadm_leftovers`]).
     pub kubeadm_leftovers: Vec<String>,
+    /// The filesystems of containerd's and the kubelet's state ([`disk::probe`]).
+    pub disks: Vec<disk::DiskSpace>,
     /// Whether this host holds a claim (its own kubelet and API server may listen then, and
     /// its own kubeadm files exist).
     pub claimed: bool,
@@ -270,6 +276,7 @@ pub fn render_table(checks: &[Check]) -> String {
     s
 }
 
+pub mod disk;
 mod evaluate;
 mod probe;
 mod report;

@@ -299,6 +299,7 @@ fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
         containerd: UnitProbe::Unknown("not asked".into()),
         busy_ports: busy_ports(),
         kubeadm_leftovers: kubeadm_leftovers(root),
+        disks: super::disk::probe(root),
         claimed: state.claim.is_some() || state.cleanup.is_some(),
         api: Err("not probed".into()),
         certificate: certificate_probe(settings),

@@ -20,6 +20,14 @@ fn healthy() -> Inputs {
         }),
         busy_ports: vec![],
         kubeadm_leftovers: vec![],
+        disks: vec![disk::DiskSpace {
+            paths: vec![disk::CONTAINERD_ROOT.into(), disk::KUBELET_ROOT.into()],
+            avail_bytes: 40 << 30,
+            total_bytes: 100 << 30,
+            avail_inodes: 900,
+            total_inodes: 1000,
+            images: true,
+        }],
         claimed: false,
         api: Ok(ApiProbe {
             server: "https://api.example:6443".into(),
@@ -53,7 +61,7 @@ fn a_healthy_host_passes_every_check_in_order() {
         assert!(c.fix.is_empty());
     }
     assert_eq!(worst(&checks), Severity::Pass);
-    assert_eq!(summary(&checks), "0 fail, 0 warn, 11 pass");
+    assert_eq!(summary(&checks), "0 fail, 0 warn, 12 pass");
 }
 
 /// Table: a change of the inputs → the check, its severity, and a word its fix must contain.
@@ -406,7 +414,7 @@ fn failures_message_and_table_name_each_fix() {
         "{table}"
     );
     assert!(table.contains("fix: swapoff -a"), "{table}");
-    assert!(table.ends_with("1 fail, 0 warn, 10 pass\n"), "{table}");
+    assert!(table.ends_with("1 fail, 0 warn, 11 pass\n"), "{table}");
 }
 
 #[test]
