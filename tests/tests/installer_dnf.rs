@@ -17,7 +17,11 @@
 //! `gpg-pubkey` included), the `.repo` file and dnf's cache of the repository (with the keyring
 //! `repo_gpgcheck` trusted), and the host's file tree and unit files are as before. A key that
 //! is not the repository's, or a repository without signatures, fails the claim with dnf's own
-//! message in the condition, and nothing is left behind.
+//! message in the condition, and nothing is left behind. From the good claim on, the host is
+//! configured as RHEL ships dnf (`skip_if_unavailable=False` in `/etc/dnf/dnf.conf`) with a
+//! third-party repository that cannot be reached (issue 38 item 5): it fails a plain
+//! `dnf makecache`, not the claim, the release or the resumed installs; the refusals before it
+//! ran with the same `--setopt=skip_if_unavailable=True`, so our repository stays strict.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -35,6 +39,9 @@ const NEWER: &str = "1.36.4-150500.1.1";
 /// What points the agent on the Debian stand-in at dnf.
 const DNF_CONFIG: &str = "[host]\npackage_manager = \"dnf\"\n";
 const REPO_FILE: &str = "/etc/yum.repos.d/byoh-kubernetes.repo";
+/// A third-party repository of the host's whose server is gone (port 9 refuses on loopback).
+const VENDOR_REPO: &str = "/etc/yum.repos.d/vendor.repo";
+const VENDOR_REPO_TEXT: &[u8] = b"[vendor]\nname=A vendor's tools\nbaseurl=http://127.0.0.1:9/vendor/\nenabled=1\ngpgcheck=1\ngpgkey=http://127.0.0.1:9/vendor/RPM-GPG-KEY-vendor\n";
 
 /// The `packages` source of the dnf repository at `repository` with its key at `key_url`.
 fn dnf_source(repository: &str, key_url: &str) -> serde_json::Value {
@@ -142,7 +149,7 @@ async fn dnf_packages_source_installs_the_held_version_from_a_signed_repository_
             cond.message
         );
         for want in [
-            "dnf install -y --disableexcludes=byoh-kubernetes kubeadm-1.36.3",
+            "install -y --disableexcludes=byoh-kubernetes kubeadm-1.36.3",
             "reverted",
         ]
         .iter()
@@ -153,6 +160,28 @@ async fn dnf_packages_source_installs_the_held_version_from_a_signed_repository_
         assert_eq!(repository_cache(&host).await, "");
     }
 
+    // From here the host is configured as RHEL ships dnf, with a vendor repository whose
+    // server is gone.
+    host.run(&[
+        "sed",
+        "-i",
+        "s/^skip_if_unavailable=.*/skip_if_unavailable=False/",
+        "/etc/dnf/dnf.conf",
+    ])
+    .await
+    .unwrap();
+    host.write_file(VENDOR_REPO, VENDOR_REPO_TEXT, 0o644)
+        .await
+        .unwrap();
+    let plain = host.exec(&["dnf", "-q", "makecache"]).await.unwrap();
+    assert!(
+        !plain.success()
+            && plain
+                .stderr
+                .contains("Failed to download metadata for repo 'vendor'"),
+        "the vendor repository must break plain dnf on this host: {plain:?}"
+    );
+    let before = agent::snapshot(&host).await.unwrap();
     // The signed repository with its key: the Machine's version, held, with its dependencies
     // and the imported key.
     packages_claim::claim_until_provisioned(&client, ns.name(), &hosts, &name).await;
@@ -182,10 +211,12 @@ async fn dnf_packages_source_installs_the_held_version_from_a_signed_repository_
     ] {
         assert!(repo.lines().any(|l| l == line), "{line}: {repo}");
     }
-    // The newer version is offered, and plain `dnf upgrade` leaves the held packages alone.
+    // The newer version is offered, and plain `dnf upgrade` leaves the held packages alone
+    // (both past the vendor's broken repository, as its operator runs them).
     let offered = host
         .run(&[
             "dnf",
+            "--setopt=skip_if_unavailable=True",
             "list",
             "--showduplicates",
             "--disableexcludes=byoh-kubernetes",
@@ -197,7 +228,10 @@ async fn dnf_packages_source_installs_the_held_version_from_a_signed_repository_
         offered.contains(PINNED) && offered.contains(NEWER),
         "{offered}"
     );
-    let upgrade = host.run(&["dnf", "upgrade", "-y"]).await.unwrap();
+    let upgrade = host
+        .run(&["dnf", "--setopt=skip_if_unavailable=True", "upgrade", "-y"])
+        .await
+        .unwrap();
     assert_eq!(installed(&host).await, want, "dnf upgrade: {upgrade}");
     // kubelet.service from the package, with kubeadm's drop-in, started by the installer.
     packages_claim::assert_packaged_kubelet_runs_and_joined(&host).await;
@@ -224,6 +258,11 @@ async fn dnf_packages_source_installs_the_held_version_from_a_signed_repository_
         diff.is_empty(),
         "the release must return the host to its pre-claim state:\n{}",
         diff.join("\n")
+    );
+    assert_eq!(
+        host.read_file(VENDOR_REPO).await.unwrap(),
+        VENDOR_REPO_TEXT,
+        "the host's own repository file is untouched"
     );
     killed_at_every_step(&client, ns.name(), &host, &hosts, &before, &want).await;
     host.stop().await.unwrap();

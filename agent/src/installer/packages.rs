@@ -105,7 +105,7 @@ impl PackageSteps {
                     PACKAGES.join(" ")
                 ),
                 format!(
-                    "dnf install --disableexcludes={DNF_REPO_ID} {} (refused if another version is installed); record every package added",
+                    "dnf install --disableexcludes={DNF_REPO_ID} {} (refused if another version is installed; another of the host's repositories that fails to load is skipped, ours must load); record every package added",
                     self.requested().join(" ")
                 ),
             ],
@@ -338,12 +338,11 @@ impl PackageSteps {
                 c.push(format!("Dir::Cache::archives={}", archives.display()));
                 c
             }
-            PackageManager::Dnf => vec![
-                "dnf".into(),
-                "install".into(),
-                "-y".into(),
-                format!("--disableexcludes={DNF_REPO_ID}"),
-            ],
+            PackageManager::Dnf => {
+                let mut c = argv(&["dnf", DNF_SKIP_OTHERS, "install", "-y"]);
+                c.push(format!("--disableexcludes={DNF_REPO_ID}"));
+                c
+            }
         };
         cmd.extend(requested.iter().cloned());
         // dnf reads the repository here (apt did in `apt-get update`): its hint covers both.
@@ -486,6 +485,12 @@ fn put_text<U: UnitManager, R: CommandRunner>(
     r
 }
 
+/// The dnf option that lets another of the host's repositories fail to load (skipped; RHEL's
+/// dnf.conf says `skip_if_unavailable=False`, so one broken third-party repository fails every
+/// install): the main option, which only repositories without a value of their own inherit —
+/// ours says `skip_if_unavailable=False` in its file, so it must load.
+const DNF_SKIP_OTHERS: &str = "--setopt=skip_if_unavailable=True";
+
 /// Whether an installed version satisfies a wanted one (`1.36.3-1.1` satisfies `1.36.3-1.1`
 /// and, for dnf, `1.36.3`).
 fn version_matches(installed: &str, wanted: &str) -> bool {
@@ -627,7 +632,8 @@ pub(super) async fn revert<R: CommandRunner>(
                     "-y",
                     "-q",
                 ]),
-                PackageManager::Dnf => argv(&["dnf", "remove", "-y"]),
+                // Removing needs no repository: a broken one of the host's must not fail it.
+                PackageManager::Dnf => argv(&["dnf", "--disablerepo=*", "remove", "-y"]),
             };
             if !present.is_empty() {
                 cmd.extend(present);

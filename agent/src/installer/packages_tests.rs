@@ -49,7 +49,7 @@ fn package_runner_with(
                 "drwxr-xr-x root/root 0 2024-01-01 00:00 ./\ndrwxr-xr-x root/root 0 2024-01-01 00:00 ./opt/\ndrwxr-xr-x root/root 0 2024-01-01 00:00 ./opt/cni/\n-rwxr-xr-x root/root 9 2024-01-01 00:00 ./opt/cni/bin\n".into(),
             ),
             ["rpm", "-qa", ..] => (0, db.iter().map(|l| format!("{l}\n")).collect()),
-            ["env", _, "apt-get", "-o", _, "install", ..] | ["dnf", "install", ..] => {
+            ["env", _, "apt-get", "-o", _, "install", ..] | ["dnf", _, "install", ..] => {
                 db.extend(added.iter().map(|s| s.to_string()));
                 (0, String::new())
             }
@@ -57,7 +57,7 @@ fn package_runner_with(
                 db.retain(|l| !names.contains(&l.split(' ').next().unwrap()));
                 (0, String::new())
             }
-            ["dnf", "remove", "-y", names @ ..] | ["rpm", "-e", names @ ..] => {
+            ["dnf", "--disablerepo=*", "remove", "-y", names @ ..] | ["rpm", "-e", names @ ..] => {
                 db.retain(|l| !names.contains(&l.replacen(' ', "-", 1).as_str()));
                 (0, String::new())
             }
@@ -389,7 +389,7 @@ async fn dnf_packages_command_sequence_and_revert() {
         "{repo}"
     );
     let calls = runner.calls();
-    assert!(calls.contains(&"dnf install -y --disableexcludes=byoh-kubernetes kubeadm-1.36.3 kubelet-1.36.3 kubectl-1.36.3".to_string()), "{calls:?}");
+    assert!(calls.contains(&"dnf --setopt=skip_if_unavailable=True install -y --disableexcludes=byoh-kubernetes kubeadm-1.36.3 kubelet-1.36.3 kubectl-1.36.3".to_string()), "{calls:?}");
     assert!(
         m.changes
             .iter()
@@ -402,10 +402,10 @@ async fn dnf_packages_command_sequence_and_revert() {
     assert_eq!(
         runner.calls()[n..]
             .iter()
-            .filter(|c| c.starts_with("dnf remove") || c.starts_with("rpm -e"))
+            .filter(|c| c.starts_with("dnf --disablerepo=* remove") || c.starts_with("rpm -e"))
             .collect::<Vec<_>>(),
         [
-            "dnf remove -y kubeadm-1.36.3-150500.1.1 kubectl-1.36.3-150500.1.1 kubelet-1.36.3-150500.1.1",
+            "dnf --disablerepo=* remove -y kubeadm-1.36.3-150500.1.1 kubectl-1.36.3-150500.1.1 kubelet-1.36.3-150500.1.1",
             "rpm -e gpg-pubkey-9a296436-6499f3a4"
         ],
         "{:?}",

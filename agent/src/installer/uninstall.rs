@@ -18,8 +18,8 @@ use std::path::Path;
 /// Reverts everything the manifest at `manifest_path` records, last change first, then
 /// deletes the manifest and its backups. Each revert is idempotent: what is already gone is
 /// skipped, so an interrupted uninstall is simply run again. Without a manifest, nothing to do.
-/// apt and dnf run with `proxy`'s variables (`[proxy]`): `dnf remove` may refresh its
-/// repository metadata and the final `apt-get update` reads the remaining sources.
+/// apt and dnf run with `proxy`'s variables (`[proxy]`): the final `apt-get update` reads the
+/// remaining sources (`dnf remove` runs with every repository disabled: it needs none).
 ///
 /// # Errors
 /// [`InstallError`] of the first revert that failed; the manifest is then kept.
