@@ -621,8 +621,13 @@ async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
     ));
 
     let requests: Api<byoh_api::ByoRemediation> = Api::namespaced(bed.admin.clone(), POOL);
-    let uid = asked_to_restart(&requests, &machine, &host).await?;
-    let lost_uid = asked_to_restart(&requests, &lost, &lost_host).await?;
+    // Both watched from now, side by side: the MHC may mark either first (under load the
+    // stopped kubelet's Node went NotReady 2½ min after the other's), and the second one's
+    // request is gone once it is handed over and its Machine replaced (CI's run of 9f22460).
+    let (uid, lost_uid) = tokio::try_join!(
+        asked_to_restart(&requests, &machine, &host),
+        asked_to_restart(&requests, &lost, &lost_host)
+    )?;
     wait_for(
         &format!("the kubelet on {host} running again"),
         Duration::from_secs(120),
