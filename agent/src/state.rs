@@ -126,7 +126,9 @@ pub enum Outcome {
     Bootstrapped,
     /// A step failed; the host waits for new bootstrap data or its release.
     Failed {
-        /// Condition reason (`BootstrapDataInvalid`, `InstallationFailed`, `BootstrapFailed`).
+        /// Condition reason (`BootstrapDataInvalid`, `InstallationFailed`, `BootstrapFailed`;
+        /// `PreflightChecksFailed`: the claim was refused before anything ran,
+        /// [`ClaimWork::refused_before_start`]).
         reason: String,
         /// Message (names the step, exit status and stderr tail; no secrets).
         message: String,
@@ -378,6 +380,16 @@ pub trait Steps {
     }
 }
 
+impl ClaimWork {
+    /// Whether the claim was refused before anything of it ran (outcome `Failed` with reason
+    /// `PreflightChecksFailed`: the host held an earlier kubeadm cluster's files when the claim
+    /// came). Its clean-up changes nothing on the host.
+    pub fn refused_before_start(&self) -> bool {
+        matches!(&self.outcome, Some(Outcome::Failed { reason, .. })
+            if reason == byoh_api::conditions::reasons::PREFLIGHT_CHECKS_FAILED)
+    }
+}
+
 impl Steps for ClaimWork {
     fn steps_mut(&mut self) -> &mut Vec<StepRecord> {
         &mut self.steps
@@ -474,6 +486,22 @@ mod tests {
             package_sources_before: None,
             last_remediation: None,
         }
+    }
+
+    #[test]
+    fn only_a_claim_failed_on_its_preflight_was_refused_before_it_started() {
+        let failed = |reason: &str| Outcome::Failed {
+            reason: reason.into(),
+            message: "m".into(),
+        };
+        let mut c = claim();
+        assert!(!c.refused_before_start());
+        c.outcome = Some(failed("BootstrapFailed"));
+        assert!(!c.refused_before_start());
+        c.outcome = Some(Outcome::Bootstrapped);
+        assert!(!c.refused_before_start());
+        c.outcome = Some(failed("PreflightChecksFailed"));
+        assert!(c.refused_before_start());
     }
 
     #[test]

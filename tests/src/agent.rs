@@ -592,6 +592,33 @@ pub async fn boot_registered(
     Some((client, ns, host, hosts))
 }
 
+/// A booted host of `debian` (its own boot options) in a new test namespace named after
+/// `name` (the host too: `debian.label(name)`), registered ([`register_in`]): the start of a
+/// brownfield test, which then makes the host as an operator's machine is. `None` when the test
+/// control plane or that host image is missing (the missing-part rule decides).
+///
+/// # Panics
+/// When a step fails: this is test set-up, and a panic is the failure report.
+#[allow(clippy::unwrap_used)]
+pub async fn boot_debian_registered(
+    debian: crate::hosts::Debian,
+    name: &str,
+) -> Option<(kube::Client, crate::control_plane::TestNamespace, Host)> {
+    let client = crate::control_plane::client().await?;
+    if !debian.available() {
+        return None;
+    }
+    let label = debian.label(name);
+    let ns = crate::control_plane::TestNamespace::create(&client, &label)
+        .await
+        .unwrap();
+    let host = Host::boot_with(&label, &debian.boot_options())
+        .await
+        .unwrap();
+    register_in(&client, ns.name(), &host).await.unwrap();
+    Some((client, ns, host))
+}
+
 /// Waits until ByoHost `name` of `hosts` reports `status.phase` `phase`; returns it.
 ///
 /// Errors after `timeout`.

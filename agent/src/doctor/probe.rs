@@ -300,7 +300,13 @@ fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
         busy_ports: busy_ports(),
         kubeadm_leftovers: kubeadm_leftovers(root),
         disks: super::disk::probe(root),
-        claimed: state.claim.is_some() || state.cleanup.is_some(),
+        // A claim refused before anything ran (an earlier cluster's files) made nothing of the
+        // host the claim's: its checks are a free host's.
+        claimed: state
+            .claim
+            .as_ref()
+            .is_some_and(|c| !c.refused_before_start())
+            || (state.cleanup.is_some() && state.claim.is_none()),
         api: Err("not probed".into()),
         certificate: certificate_probe(settings),
         lease_duration: settings.lease_duration,

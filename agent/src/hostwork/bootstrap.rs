@@ -25,6 +25,11 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
     ) -> Result<(), WorkError> {
         let machine = claim.machine_ref.name.clone();
         if state.claim.is_none() {
+            // Read before anything of the claim's exists: files of kubeadm on a free host are an
+            // earlier cluster's, which the claim must neither reuse nor (its clean-up's
+            // `kubeadm reset`) destroy. The periodic preflight check refuses such a host; this
+            // closes the window between that check and a claim.
+            let leftovers = crate::doctor::kubeadm_leftovers(&self.settings.root);
             let mut network_before = super::probe::network(&self.settings.root)
                 .inspect_err(|e| {
                     tracing::warn!(
@@ -96,6 +101,17 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 last_remediation: None,
             });
             self.save(state)?;
+            if !leftovers.is_empty() {
+                let message = format!(
+                    "claim refused before anything ran: {} on the host, an earlier kubeadm cluster's files; the host is left as it is (no kubeadm reset). Fix: if nothing on this host still needs them, kubeadm reset --force (or remove them), then byoh-agent doctor",
+                    leftovers.join(", ")
+                );
+                // `PreflightChecksPassed` is the periodic check's condition (its own field
+                // manager); that check sees the files too, the claim being refused.
+                return self
+                    .fail(host, state, reasons::PREFLIGHT_CHECKS_FAILED, message, &[])
+                    .await;
+            }
             tracing::info!(byoh_machine = %machine, "claim by ByoMachine {machine} accepted; starting the bootstrap");
         }
         self.reconcile_runcmd(state)?;

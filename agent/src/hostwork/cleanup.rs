@@ -9,7 +9,7 @@ use super::{
 };
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
-use crate::state::{CleanupWork, HostState, Rerun, Steps};
+use crate::state::{ClaimWork, CleanupWork, HostState, Rerun, Steps};
 use crate::systemd::{UnitManager, notify};
 use byoh_api::ByoHost;
 use byoh_api::conditions::{phase, reasons, types};
@@ -47,6 +47,13 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                 "cleaning up after the claim of ByoMachine UID {machine_uid}"
             );
         }
+        // A claim refused before anything ran left nothing to undo, and the host's files are an
+        // earlier cluster's: no step runs (no `kubeadm reset`).
+        let refused = state
+            .claim
+            .as_ref()
+            .is_some_and(ClaimWork::refused_before_start);
+        let steps: &[CleanupStep] = if refused { &[] } else { &CLEANUP_STEPS };
         notify::status("Cleaning up: resetting the host");
         // After a failed step its condition stays until the step passes (no flapping back to
         // "resetting the host" on every retry).
@@ -70,7 +77,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             .await?;
         }
 
-        for next in CLEANUP_STEPS {
+        for &next in steps {
             if let Err(e) = self.run_cleanup_step(state, next).await {
                 let reason = failure_reason(&e);
                 let message = format!("clean-up step {next} failed: {e}");
@@ -100,7 +107,12 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             .as_ref()
             .map(|c| c.kept.join(", "))
             .unwrap_or_default();
-        let (cleanup_reason, cleanup_message) = if kept.is_empty() {
+        let (cleanup_reason, cleanup_message) = if refused {
+            (
+                reasons::AS_EXPECTED,
+                "the claim was refused before anything ran: nothing to reset, the host's files are as they were".to_string(),
+            )
+        } else if kept.is_empty() {
             (
                 reasons::AS_EXPECTED,
                 "the host was reset and returned to the pool".to_string(),
