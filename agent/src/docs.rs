@@ -98,6 +98,7 @@ fn default_of(key: &str, d: &Settings) -> Option<String> {
         "host.labels" => "`{}`".into(),
         "host.skip_installation" => format!("`{}`", d.skip_installation),
         "host.skip_os_check" => format!("`{}`", d.skip_os_check),
+        "host.node_address" => "unset: the interface of the default route".into(),
         "host.package_manager" => {
             "unset: from os-release `ID` (apt on Debian and Ubuntu, dnf on the RHEL family)".into()
         }

@@ -56,7 +56,7 @@ fn main() -> ExitCode {
                 .map(|(file, name)| config::Candidate { file, name });
             exit_status(check_config(&config, candidate.as_ref()))
         }
-        Command::Facts { output } => exit_status(print_facts(output)),
+        Command::Facts { output } => exit_status(print_facts(&config, output)),
         Command::ListSupported { output } => {
             list_supported(output);
             byoh_agent::EXIT_OK
@@ -129,9 +129,15 @@ fn check_config(
     Ok(())
 }
 
-/// `facts`: the host facts in `output`'s format.
-fn print_facts(output: FactsFormat) -> Result<(), AgentError> {
-    let f = facts::gather(Path::new("/"), None)?;
+/// `facts`: the host facts in `output`'s format, with the configuration's `[host] name` and
+/// `node_address` when it loads (else the hostname and the default route's interface).
+fn print_facts(config_path: &Path, output: FactsFormat) -> Result<(), AgentError> {
+    let settings = config::load(config_path, env_overrides()).ok();
+    let f = facts::gather(
+        Path::new("/"),
+        settings.as_ref().and_then(|s| s.host_name.as_deref()),
+        settings.as_ref().and_then(|s| s.node_address.as_ref()),
+    )?;
     match output {
         FactsFormat::Json => {
             println!("{}", serde_json::to_string_pretty(&f).unwrap_or_default())

@@ -54,7 +54,7 @@ pub fn cli(state: MaintenanceState, reason: &str, config: &Path) -> u8 {
         Err(status) => return status,
     };
     let result = runtime.block_on(async {
-        let facts = crate::facts::gather(Path::new("/"), settings.host_name.as_deref())
+        let facts = crate::facts::gather(Path::new("/"), settings.host_name.as_deref(), settings.node_address.as_ref())
             .map_err(|e| e.to_string())?;
         let name = facts.host_info.hostname;
         let path = host_kubeconfig(&settings);

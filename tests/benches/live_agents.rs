@@ -220,7 +220,7 @@ async fn enrol(name: String, namespace: &str, bootstrap: &Path, dir: &Path) -> S
     )
     .await
     .unwrap();
-    let facts = facts::gather(Path::new("/"), Some(&name)).unwrap();
+    let facts = facts::gather(Path::new("/"), Some(&name), None).unwrap();
     let here = hostid::gather(
         Path::new("/"),
         identity::certificate_in(&paths.kubeconfig).as_deref(),

@@ -592,6 +592,29 @@ pub async fn boot_registered(
     Some((client, ns, host, hosts))
 }
 
+/// [`register`] for a host with a network of its own (`BootOptions::network`), which reaches
+/// the test control plane at the test network's gateway (in the API server's certificate):
+/// the admin kubeconfig with `127.0.0.1` replaced by [`crate::hosts::NETWORK_GATEWAY`].
+///
+/// Errors as [`register`], or when the test control plane's kubeconfig is not set or cannot be
+/// rewritten.
+pub async fn register_on_test_network(
+    client: &kube::Client,
+    namespace: &str,
+    host: &Host,
+) -> anyhow::Result<byoh_api::ByoHost> {
+    let admin = crate::control_plane::kubeconfig_path()
+        .context("the test control plane's kubeconfig is not set")?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("gateway.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        std::fs::read_to_string(&admin)?
+            .replace("127.0.0.1", &crate::hosts::NETWORK_GATEWAY.to_string()),
+    )?;
+    register(client, &kubeconfig, namespace, host, "").await
+}
+
 /// A booted host of `debian` (its own boot options) in a new test namespace named after
 /// `name` (the host too: `debian.label(name)`), registered ([`register_in`]): the start of a
 /// brownfield test, which then makes the host as an operator's machine is. `None` when the test

@@ -81,15 +81,9 @@ pub async fn kill_at(host: &Host, step: &str) {
 /// agent's own step lists, paired with the clean-up steps (each list repeated round to the
 /// longer one's length): `(bootstrap step, clean-up step)` to kill before in one cycle.
 pub fn step_pairs(data: &str) -> Vec<(String, String)> {
-    let doc = byoh_agent::cloudinit::parse(
-        data,
-        &byoh_agent::cloudinit::InstanceData {
-            local_hostname: "h".into(),
-            instance_id: "h".into(),
-            default_interface: None,
-        },
-    )
-    .unwrap();
+    let doc =
+        byoh_agent::cloudinit::parse(data, &byoh_agent::cloudinit::InstanceData::new("h", None))
+            .unwrap();
     let root = tempfile::tempdir().unwrap();
     let plan = byoh_agent::cloudinit::validate(
         &doc,

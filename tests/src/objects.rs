@@ -590,6 +590,48 @@ pub async fn get_host(client: &Client, ns: &str, name: &str) -> ByoHost {
         .unwrap()
 }
 
+/// Deletes ByoMachine and Machine `machine` as Cluster API's Machine deletion does, for a
+/// claim of ByoHost `host`: the ByoMachine first, then the Machine once the host's release is
+/// requested (or its claim gone). Panics after 90 s.
+pub async fn delete_machine(client: &Client, ns: &str, host: &str, machine: &str) {
+    Api::<ByoMachine>::namespaced(client.clone(), ns)
+        .delete(machine, &Default::default())
+        .await
+        .unwrap();
+    crate::eventually(
+        &format!("release of {machine} requested"),
+        Duration::from_secs(90),
+        || async {
+            let h = get_host(client, ns, host).await;
+            (h.spec.claim.is_none() || h.spec.claim.is_some_and(|c| c.release_requested))
+                .then_some(())
+        },
+    )
+    .await;
+    machines(client, ns)
+        .delete(machine, &Default::default())
+        .await
+        .unwrap();
+}
+
+/// Waits (90 s, then panics) until ByoHost `host` is free and `Available` again after the
+/// agent's clean-up of the claim of ByoMachine UID `uid`.
+pub async fn wait_released(client: &Client, ns: &str, host: &str, uid: &str) {
+    crate::eventually(
+        "the host cleaned up and free",
+        Duration::from_secs(90),
+        || async {
+            let h = get_host(client, ns, host).await;
+            let s = h.status.as_ref()?;
+            (h.spec.claim.is_none()
+                && s.cleaned_machine_uid.as_deref() == Some(uid)
+                && s.phase.as_deref() == Some("Available"))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Asserts that none of the ByoHosts `names` in `ns` carries a claim (panics naming the first
 /// that does).
 pub async fn assert_free(client: &Client, ns: &str, names: &[&str]) {

@@ -14,18 +14,15 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use byoh_api::ByoMachine;
 use byoh_controller::bootstrap_failures::BackOff;
 use byoh_controller::run::Settings;
 use byoh_tests::agent;
 use byoh_tests::eventually;
 use byoh_tests::hosts::{Debian, Host};
 use byoh_tests::objects::{
-    BootstrapData, MachineOpts, Running, bm_condition, condition, create_machine, finish, get_bm,
-    get_host, host_claimed_false, machines, ready_cluster, settings,
+    BootstrapData, MachineOpts, Running, bm_condition, condition, create_machine, delete_machine,
+    finish, get_bm, get_host, host_claimed_false, ready_cluster, settings, wait_released,
 };
-use kube::Api;
-use kube::api::DeleteParams;
 use std::time::Duration;
 
 /// The earlier cluster's files, as kubeadm leaves them: (path, content).
@@ -63,37 +60,6 @@ async fn digests(host: &Host) -> String {
     let mut argv = vec!["sha256sum"];
     argv.extend(LEFTOVERS.iter().map(|(p, _)| *p));
     host.run(&argv).await.unwrap()
-}
-
-/// Deletes ByoMachine and Machine `name` as Cluster API's Machine deletion does (the
-/// ByoMachine first, then the Machine once the host's release is requested).
-async fn delete_machine(client: &kube::Client, ns: &str, host: &str, name: &str) {
-    Api::<ByoMachine>::namespaced(client.clone(), ns)
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually(&format!("release of {name} requested"), T, || async {
-        let h = get_host(client, ns, host).await;
-        (h.spec.claim.is_none() || h.spec.claim.is_some_and(|c| c.release_requested)).then_some(())
-    })
-    .await;
-    machines(client, ns)
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap();
-}
-
-/// Waits until the host is free again after the claim of ByoMachine UID `uid`.
-async fn released(client: &kube::Client, ns: &str, host: &str, uid: &str) {
-    eventually("the host cleaned up and free", T, || async {
-        let h = get_host(client, ns, host).await;
-        let s = h.status.as_ref()?;
-        (h.spec.claim.is_none()
-            && s.cleaned_machine_uid.as_deref() == Some(uid)
-            && s.phase.as_deref() == Some("Available"))
-        .then_some(())
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -188,7 +154,7 @@ async fn a_host_with_an_earlier_clusters_files_is_refused_and_left_as_it_is_unti
 
     // Released (as a MachineHealthCheck's remediation would): the clean-up changes nothing.
     delete_machine(&client, &n, &name, "m1").await;
-    released(&client, &n, &name, &uid1).await;
+    wait_released(&client, &n, &name, &uid1).await;
     assert_eq!(digests(&host).await, sums, "the earlier cluster's files");
     let diff = agent::snapshot_diff(&with_leftovers, &agent::snapshot(&host).await.unwrap());
     assert!(
@@ -264,7 +230,7 @@ async fn a_host_with_an_earlier_clusters_files_is_refused_and_left_as_it_is_unti
     })
     .await;
     delete_machine(&client, &n, &name, "m2").await;
-    released(&client, &n, &name, &uid2).await;
+    wait_released(&client, &n, &name, &uid2).await;
     let diff = agent::snapshot_diff(&clean, &agent::snapshot(&host).await.unwrap());
     assert!(
         diff.is_empty(),

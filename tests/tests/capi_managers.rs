@@ -399,11 +399,7 @@ async fn scenario(bed: &Bed) -> anyhow::Result<()> {
     // The real CABPK output passes our agent's own cloud-config parsing and validation, for
     // the host that will run it (Jinja instance data expanded to its name).
     byoh_agent::cloudinit::check_format(format.as_deref())?;
-    let instance = byoh_agent::cloudinit::InstanceData {
-        local_hostname: HOST.into(),
-        instance_id: HOST.into(),
-        default_interface: None,
-    };
+    let instance = byoh_agent::cloudinit::InstanceData::new(HOST, None);
     let doc = byoh_agent::cloudinit::parse(&value, &instance).map_err(|e| {
         anyhow::anyhow!("the agent cannot parse CABPK's cloud-config: {e}\n{value}")
     })?;

@@ -539,18 +539,7 @@ async fn what_the_claims_networking_left_quarantines_the_host_until_it_is_remove
     host.write_file("/usr/local/bin/kubeadm", NOOP_KUBEADM.as_bytes(), 0o755)
         .await
         .unwrap();
-    // The host reaches the control plane at the test network's gateway (in its certificate).
-    let admin = control_plane::kubeconfig_path().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("gateway.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        std::fs::read_to_string(&admin)
-            .unwrap()
-            .replace("127.0.0.1", &hosts::NETWORK_GATEWAY.to_string()),
-    )
-    .unwrap();
-    agent::register(&client, &kubeconfig, ns.name(), &host, "")
+    agent::register_on_test_network(&client, ns.name(), &host)
         .await
         .unwrap();
     let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns.name());

@@ -52,11 +52,8 @@ fn read(file: &Path) -> Result<String, String> {
 fn plan_for(settings: &Settings, file: &Path, host: &str, format: &str) -> Result<Plan, String> {
     check_format(Some(format)).map_err(|e| e.to_string())?;
     let text = read(file)?;
-    let data = InstanceData {
-        local_hostname: host.to_string(),
-        instance_id: host.to_string(),
-        default_interface: crate::facts::default_interface(),
-    };
+    let node = crate::facts::node_network(Path::new("/"), settings.node_address.as_ref());
+    let data = InstanceData::new(host, node.ok().as_ref());
     let doc = parse(&text, &data).map_err(|e| refused(file, &e))?;
     validate(
         &doc,

@@ -114,13 +114,23 @@ pub enum CloudConfigError {
         /// The expression as written (cut to 80 characters).
         expression: String,
     },
-    /// The Go original's `{{ .DefaultNetworkInterfaceName }}` on a host without a default route.
+    /// The Go original's `{{ .DefaultNetworkInterfaceName }}` on a host without a node
+    /// interface.
     #[error(
-        "line {line}: {{{{ .DefaultNetworkInterfaceName }}}} stands for the interface of the host's default route, \
-         but this host has none (/proc/net/route, /proc/net/ipv6_route); write the interface name in the \
-         template instead (e.g. kube-vip's vip_interface)"
+        "line {line}: {{{{ .DefaultNetworkInterfaceName }}}} stands for the node's interface ([host] node_address, \
+         else the default route's), but this host has none (/proc/net/route, /proc/net/ipv6_route; byoh-agent doctor, \
+         check node-address); write the interface name in the template instead (e.g. kube-vip's vip_interface)"
     )]
     NoDefaultInterface {
+        /// 1-based line in the original document.
+        line: usize,
+    },
+    /// `ds.meta_data.local_ipv4` on a host whose node interface has no IPv4 address.
+    #[error(
+        "line {line}: ds.meta_data.local_ipv4 stands for the node's IPv4 address (on the interface [host] node_address \
+         chooses, else the default route's), but this host has none there (byoh-agent doctor, check node-address)"
+    )]
+    NoLocalIpv4 {
         /// 1-based line in the original document.
         line: usize,
     },

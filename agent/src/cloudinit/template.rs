@@ -11,10 +11,14 @@
 //! line and the supported names. Without the Jinja header no Jinja is expanded: braces are
 //! content.
 //!
-//! The placeholder of the Go original of this agent, `{{ .DefaultNetworkInterfaceName }}` (used
-//! for kube-vip's interface), is rendered in a Jinja template as the interface of the host's
-//! default route ([`InstanceData::default_interface`]); a host without a default route refuses
-//! the document naming the replacement. Without the Jinja header it is content like any other
+//! The node's own address, `ds.meta_data.local_ipv4` (the name EC2's datasource gives it, which
+//! Cluster API providers' templates pass to kubeadm's `advertiseAddress` and the kubelet's
+//! `node-ip`), is the node's first IPv4 address ([`InstanceData::local_ipv4`]: on the interface
+//! `[host] node_address` chooses, else the default route's). The placeholder of the Go
+//! original of this agent, `{{ .DefaultNetworkInterfaceName }}` (used for kube-vip's
+//! interface), is rendered in a Jinja template as that interface
+//! ([`InstanceData::default_interface`]); a host without one refuses the document naming the
+//! replacement. Without the Jinja header it is content like any other
 //! braces (cloud-init never templates such a document, and the shared case
 //! `05-modes-owners-literal.yaml` writes it literally), but [`Rendered::notes`] says so, so
 //! that `cloud-config validate` and the agent's log point at the missing header.
@@ -29,10 +33,27 @@ pub struct InstanceData {
     pub local_hostname: String,
     /// The instance id (`instance_id`, `v1.instance_id`, `ds.meta_data.instance_id`).
     pub instance_id: String,
-    /// The interface of the host's default route (from `/proc/net/route`, else
-    /// `/proc/net/ipv6_route`), for the Go original's `{{ .DefaultNetworkInterfaceName }}`;
-    /// `None` when the host has no default route.
+    /// The node's interface, for the Go original's `{{ .DefaultNetworkInterfaceName }}`: the
+    /// one `[host] node_address` chooses, else the default route's (from `/proc/net/route`,
+    /// else `/proc/net/ipv6_route`; `crate::facts::node_address::resolve`); `None` when there is
+    /// none.
     pub default_interface: Option<String>,
+    /// The node's first IPv4 address on that interface (`ds.meta_data.local_ipv4`); `None` when
+    /// it has none.
+    pub local_ipv4: Option<String>,
+}
+
+impl InstanceData {
+    /// The instance data of host `name` (its host name and instance id) whose node network is
+    /// `node` (`None`: it has none; [`crate::facts::node_network`]).
+    pub fn new(name: &str, node: Option<&crate::facts::node_address::NodeNetwork>) -> Self {
+        Self {
+            local_hostname: name.to_string(),
+            instance_id: name.to_string(),
+            default_interface: node.map(|n| n.interface.clone()),
+            local_ipv4: node.and_then(|n| n.ipv4()).map(|a| a.to_string()),
+        }
+    }
 }
 
 /// The Jinja variables this agent expands, in their dotted form. Each is also accepted with
@@ -47,6 +68,7 @@ pub const SUPPORTED_JINJA_NAMES: &[&str] = &[
     "instance_id",
     "v1.instance_id",
     "ds.meta_data.instance_id",
+    "ds.meta_data.local_ipv4",
 ];
 
 /// The Go original's placeholder for the default-route interface (without braces).
@@ -185,9 +207,15 @@ pub(crate) fn lookup_path(expr: &str) -> Option<Vec<String>> {
     Some(keys.into_iter().map(|k| k.replace('-', "_")).collect())
 }
 
+/// The lookup of the node's IPv4 address (EC2's metadata name; no `v1` alias exists).
+const LOCAL_IPV4: [&str; 3] = ["ds", "meta_data", "local_ipv4"];
+
 /// The value of a supported Jinja lookup.
 fn lookup<'a>(keys: &[String], data: &'a InstanceData) -> Option<&'a str> {
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    if keys == LOCAL_IPV4 {
+        return data.local_ipv4.as_deref();
+    }
     let leaf = match keys.as_slice() {
         [leaf] | ["v1", leaf] | ["ds", "meta_data", leaf] => *leaf,
         _ => return None,
@@ -279,10 +307,16 @@ fn expand(
         if trim_after {
             inner = &inner[..inner.len() - 1];
         }
-        let value = match close {
-            "}}" => lookup_path(inner).and_then(|keys| lookup(&keys, data)),
+        let keys = match close {
+            "}}" => lookup_path(inner),
             _ => None,
         };
+        if keys.as_ref().is_some_and(|k| k == &LOCAL_IPV4) && data.local_ipv4.is_none() {
+            return Err(CloudConfigError::NoLocalIpv4 {
+                line: line_at(start),
+            });
+        }
+        let value = keys.and_then(|keys| lookup(&keys, data));
         let Some(value) = value else {
             return Err(CloudConfigError::Template {
                 line: line_at(start),
@@ -311,6 +345,7 @@ mod tests {
             local_hostname: "worker-1".into(),
             instance_id: "id-7".into(),
             default_interface: Some("enp1s0".into()),
+            local_ipv4: Some("192.0.2.10".into()),
         }
     }
 
@@ -437,6 +472,53 @@ mod tests {
     }
 
     #[test]
+    fn local_ipv4_is_the_nodes_address_and_its_absence_names_the_setting() {
+        let r = render(
+            "## template: jinja\n#cloud-config\nnode-ip: {{ ds.meta_data.local_ipv4 }}\nb: {{ ds.meta_data['local-ipv4'] }}\n",
+            &data(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.text,
+            "#cloud-config\nnode-ip: 192.0.2.10\nb: 192.0.2.10\n"
+        );
+        let none = InstanceData {
+            local_ipv4: None,
+            ..data()
+        };
+        let e = render(
+            "## template: jinja\n#cloud-config\nx: 1\na: {{ ds.meta_data.local_ipv4 }}\n",
+            &none,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, CloudConfigError::NoLocalIpv4 { line: 4 }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("[host] node_address"), "{e}");
+        // Only under ds.meta_data: cloud-init has no v1 key of that name.
+        assert!(
+            render(
+                "## template: jinja\n#cloud-config\na: {{ v1.local_ipv4 }}\n",
+                &data()
+            )
+            .is_err()
+        );
+        let node = crate::facts::node_address::NodeNetwork {
+            interface: "eth1".into(),
+            addresses: vec![
+                "2001:db8::10".parse().unwrap(),
+                "192.0.2.10".parse().unwrap(),
+            ],
+        };
+        let d = InstanceData::new("w1", Some(&node));
+        assert_eq!(
+            (d.default_interface.as_deref(), d.local_ipv4.as_deref()),
+            (Some("eth1"), Some("192.0.2.10"))
+        );
+    }
+
+    #[test]
     fn the_go_placeholder_is_the_default_route_interface_in_a_jinja_template() {
         let r = render(
             "## template: jinja\n#cloud-config\na: '{{.DefaultNetworkInterfaceName}}' {{ v1.local_hostname }}\n",
@@ -447,6 +529,7 @@ mod tests {
         assert!(r.notes.is_empty());
         let none = InstanceData {
             default_interface: None,
+            local_ipv4: None,
             ..data()
         };
         let e = render(

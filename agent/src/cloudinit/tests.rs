@@ -69,6 +69,7 @@ pub(super) fn data() -> InstanceData {
         local_hostname: "worker-1".into(),
         instance_id: "worker-1".into(),
         default_interface: Some("eth0".into()),
+        local_ipv4: Some("192.0.2.5".into()),
     }
 }
 

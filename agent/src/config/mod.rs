@@ -123,6 +123,7 @@ pub struct Merged {
     skip_installation: Option<Sourced<bool>>,
     skip_os_check: Option<Sourced<bool>>,
     package_manager: Option<Sourced<String>>,
+    node_address: Option<Sourced<String>>,
     state_dir: Option<Sourced<String>>,
     download_dir: Option<Sourced<String>>,
     log_level: Option<Sourced<String>>,
@@ -214,6 +215,8 @@ pub struct Settings {
     /// The `packages` source's package manager (`[host] package_manager`); `None`: the one
     /// os-release's `ID` implies ([`crate::installer::package_manager`]).
     pub package_manager: Option<crate::installer::PackageManager>,
+    /// The node's network (`[host] node_address`); `None`: the default route's interface.
+    pub node_address: Option<crate::facts::node_address::NodeAddressChoice>,
     /// State directory (absolute).
     pub state_dir: PathBuf,
     /// Download directory (absolute).
@@ -280,7 +283,8 @@ impl Merged {
             name,
             skip_installation,
             skip_os_check,
-            package_manager
+            package_manager,
+            node_address
         );
         set!(
             raw.agent,
@@ -511,6 +515,12 @@ impl Merged {
             },
         };
 
+        let node_address = self.node_address.as_ref().and_then(|v| {
+            crate::facts::node_address::NodeAddressChoice::parse(&v.value)
+                .map_err(|m| bad(&v.origin, "host.node_address", m))
+                .ok()
+        });
+
         let mut proxy_url = |v: &Option<Sourced<String>>, key: &str| {
             let v = v.as_ref().filter(|v| !v.value.is_empty())?;
             crate::proxy::parse_url(&v.value)
@@ -541,6 +551,7 @@ impl Merged {
             skip_installation: self.skip_installation.is_some_and(|v| v.value),
             skip_os_check: self.skip_os_check.is_some_and(|v| v.value),
             package_manager,
+            node_address,
             state_dir,
             download_dir,
             log_level,

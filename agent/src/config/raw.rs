@@ -65,6 +65,13 @@ pub struct RawHost {
     /// runs, and preflight problems it would repair (swap, modules, sysctls, containerd) fail.
     #[schemars(with = "Option<bool>")]
     pub skip_installation: Option<Spanned<bool>>,
+    /// The node's network on a host with more than one: an interface name (`"eth1"`), a CIDR
+    /// (`"192.0.2.0/24"`: the first interface with an address in it) or an address
+    /// (`"192.0.2.10"`). Its addresses are the ByoHost's `InternalIP`s, the kubelet's
+    /// `--node-ip` and the bootstrap template's `ds.meta_data.local_ipv4`. Default: the
+    /// interface of the default route.
+    #[schemars(with = "Option<String>")]
+    pub node_address: Option<Spanned<String>>,
     /// Run on an operating system that is not in the supported list.
     #[schemars(with = "Option<bool>")]
     pub skip_os_check: Option<Spanned<bool>>,

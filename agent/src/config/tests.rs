@@ -38,6 +38,23 @@ fn empty_file_gives_the_documented_defaults() {
 }
 
 #[test]
+fn node_address_is_an_interface_a_cidr_or_an_address() {
+    use crate::facts::node_address::NodeAddressChoice;
+    let s = load_text("[host]\nnode_address = \"192.0.2.0/24\"\n").unwrap();
+    assert_eq!(
+        s.node_address,
+        Some(NodeAddressChoice::Network("192.0.2.0/24".parse().unwrap()))
+    );
+    assert_eq!(load_text("").unwrap().node_address, None);
+    let e = load_text("[host]\n\nnode_address = \"10.0.0.0/40\"\n").unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("host.node_address") && text.contains("is not a CIDR") && text.contains(":3"),
+        "{text}"
+    );
+}
+
+#[test]
 fn package_manager_is_apt_or_dnf() {
     let s = load_text("[host]\npackage_manager = \"dnf\"\n").unwrap();
     assert_eq!(

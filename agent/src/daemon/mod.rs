@@ -72,7 +72,11 @@ enum Exit {
 /// restart may fix.
 pub async fn run(settings: Settings, root: &Path) -> Result<(), AgentError> {
     notify::status("Gathering host facts");
-    let facts = facts::gather(root, settings.host_name.as_deref())?;
+    let facts = facts::gather(
+        root,
+        settings.host_name.as_deref(),
+        settings.node_address.as_ref(),
+    )?;
     let name = facts.host_info.hostname.clone();
     let span = tracing::info_span!("agent", byoh_host = %name);
     let _enter = span.enter();
@@ -293,6 +297,7 @@ async fn serve(
             host_info: facts.host_info.clone(),
             package_manager: settings.package_manager,
             proxy: settings.proxy.clone(),
+            node_address: settings.node_address.clone(),
         },
         systemd.clone(),
         crate::cloudinit::TokioRunner,
@@ -460,7 +465,7 @@ async fn serve(
                 }
             }
             _ = facts_tick.tick() => {
-                if let Ok(now) = facts::gather(&services.root, Some(name)) {
+                if let Ok(now) = facts::gather(&services.root, Some(name), settings.node_address.as_ref()) {
                     runtime.update(|r| r.facts_checked_at = Some(now_rfc3339()));
                     if now != facts {
                         tracing::info!("host facts changed; reporting them");

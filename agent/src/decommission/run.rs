@@ -40,7 +40,11 @@ pub fn cli(force: bool, timeout: Duration, config: &Path) -> u8 {
         Ok(r) => r,
         Err(status) => return status,
     };
-    let name = match crate::facts::gather(Path::new("/"), settings.host_name.as_deref()) {
+    let name = match crate::facts::gather(
+        Path::new("/"),
+        settings.host_name.as_deref(),
+        settings.node_address.as_ref(),
+    ) {
         Ok(f) => f.host_info.hostname,
         Err(e) => {
             eprintln!("byoh-agent: {e}");

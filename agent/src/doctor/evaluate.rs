@@ -303,6 +303,7 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
         )
     });
 
+    out.push(node_address_check(i));
     out.push(disk::check(&i.disks, i.claimed));
 
     match &i.api {
@@ -490,5 +491,45 @@ impl Check {
             let _ = write!(self.message, " to {}", list.join(", "));
         }
         self
+    }
+}
+
+/// `node-address`: the node's network as `[host] node_address` chooses it (a choice that
+/// matches nothing fails: the host would report no `InternalIP` and its kubelet pick another
+/// network), else the default route's interface (none only warns: the kubelet then needs a
+/// `node-ip` from the bootstrap data).
+fn node_address_check(i: &Inputs) -> Check {
+    let fix = "set [host] node_address in /etc/byoh/agent.toml to an interface, a CIDR or an address this host has (ip -br addr), then systemctl restart byoh-agent";
+    let listed = |n: &crate::facts::node_address::NodeNetwork| {
+        let a: Vec<String> = n.addresses.iter().map(ToString::to_string).collect();
+        format!("{} on {}", a.join(", "), n.interface)
+    };
+    match (&i.node_address, &i.node_network) {
+        (Some(choice), Ok(n)) => check(
+            "node-address",
+            Severity::Pass,
+            format!("{} ([host] node_address: {choice})", listed(n)),
+            "",
+        ),
+        (Some(_), Err(why)) => check("node-address", Severity::Fail, why.clone(), fix),
+        (None, Ok(n)) if !n.addresses.is_empty() => check(
+            "node-address",
+            Severity::Pass,
+            format!(
+                "{} (the default route's interface; [host] node_address chooses another)",
+                listed(n)
+            ),
+            "",
+        ),
+        (None, Ok(n)) => check(
+            "node-address",
+            Severity::Warn,
+            format!(
+                "the default route's interface {} has no address",
+                n.interface
+            ),
+            fix,
+        ),
+        (None, Err(why)) => check("node-address", Severity::Warn, why.clone(), fix),
     }
 }

@@ -101,6 +101,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "no files of an earlier kubeadm cluster on a free host: its kubeconfigs and kubelet configuration (`/etc/kubernetes/*.conf`, `/var/lib/kubelet/config.yaml`), non-empty `/etc/kubernetes/manifests`, `/etc/kubernetes/pki`, `/var/lib/etcd`",
     ),
     (
+        "node-address",
+        "the node's network: the interface and addresses `[host] node_address` chooses (an interface name, a CIDR or an address), else the default route's interface (`/proc/net/route`); the ByoHost's `InternalIP`s",
+    ),
+    (
         "disk-space",
         "free space and inodes (`statvfs`) on the filesystems of `/var/lib/containerd` and `/var/lib/kubelet` (their parent's while they do not exist): fails under 2 GiB, warns under the kubelet's default `evictionHard` thresholds (`imagefs.available<15%`, `nodefs.available<10%`, `nodefs.inodesFree<5%`)",
     ),
@@ -217,6 +221,10 @@ pub struct Inputs {
     pub busy_ports: Vec<PortUse>,
     /// What an earlier `kubeadm init`/`join` left on the host ([`kubeadm_leftovers`]).
     pub kubeadm_leftovers: Vec<String>,
+    /// `[host] node_address` as the operator wrote it (its kind and value), if set.
+    pub node_address: Option<String>,
+    /// The node's network (`crate::facts::node_network`), or why there is none.
+    pub node_network: Result<crate::facts::node_address::NodeNetwork, String>,
     /// The filesystems of containerd's and the kubelet's state ([`disk::probe`]).
     pub disks: Vec<disk::DiskSpace>,
     /// Whether this host holds a claim (its own kubelet and API server may listen then, and

@@ -267,9 +267,13 @@ pub fn kubeadm_leftovers(root: &Path) -> Vec<String> {
 
 /// Gathers everything but the API probe and the containerd unit (sync, file reads).
 fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
-    let os = crate::facts::gather(root, settings.host_name.as_deref())
-        .map_err(|e| e.to_string())
-        .and_then(|f| crate::facts::check_supported(&f.host_info).map(|os| os.name.to_string()));
+    let os = crate::facts::gather(
+        root,
+        settings.host_name.as_deref(),
+        settings.node_address.as_ref(),
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|f| crate::facts::check_supported(&f.host_info).map(|os| os.name.to_string()));
     let state = crate::state::StateFile::new(&settings.state_dir)
         .load()
         .unwrap_or_default();
@@ -299,6 +303,8 @@ fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
         containerd: UnitProbe::Unknown("not asked".into()),
         busy_ports: busy_ports(),
         kubeadm_leftovers: kubeadm_leftovers(root),
+        node_address: settings.node_address.as_ref().map(ToString::to_string),
+        node_network: crate::facts::node_network(root, settings.node_address.as_ref()),
         disks: super::disk::probe(root),
         // A claim refused before anything ran (an earlier cluster's files) made nothing of the
         // host the claim's: its checks are a free host's.

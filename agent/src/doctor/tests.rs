@@ -20,6 +20,11 @@ fn healthy() -> Inputs {
         }),
         busy_ports: vec![],
         kubeadm_leftovers: vec![],
+        node_address: None,
+        node_network: Ok(crate::facts::node_address::NodeNetwork {
+            interface: "eth0".into(),
+            addresses: vec!["192.0.2.5".parse().unwrap()],
+        }),
         disks: vec![disk::DiskSpace {
             paths: vec![disk::CONTAINERD_ROOT.into(), disk::KUBELET_ROOT.into()],
             avail_bytes: 40 << 30,
@@ -61,7 +66,7 @@ fn a_healthy_host_passes_every_check_in_order() {
         assert!(c.fix.is_empty());
     }
     assert_eq!(worst(&checks), Severity::Pass);
-    assert_eq!(summary(&checks), "0 fail, 0 warn, 12 pass");
+    assert_eq!(summary(&checks), "0 fail, 0 warn, 13 pass");
 }
 
 /// Table: a change of the inputs → the check, its severity, and a word its fix must contain.
@@ -114,6 +119,25 @@ fn each_problem_names_its_check_severity_and_fix() {
             "kubeadm-files",
             Severity::Fail,
             "kubeadm reset --force",
+        ),
+        (
+            "a node_address that matches nothing",
+            Box::new(|i| {
+                i.node_address = Some("network 198.51.100.0/24".into());
+                i.node_network = Err(
+                    "[host] node_address: no interface has an address in 198.51.100.0/24".into(),
+                );
+            }),
+            "node-address",
+            Severity::Fail,
+            "set [host] node_address",
+        ),
+        (
+            "no default route",
+            Box::new(|i| i.node_network = Err("the host has no default route".into())),
+            "node-address",
+            Severity::Warn,
+            "[host] node_address",
         ),
         (
             "cgroup v1",
@@ -414,7 +438,7 @@ fn failures_message_and_table_name_each_fix() {
         "{table}"
     );
     assert!(table.contains("fix: swapoff -a"), "{table}");
-    assert!(table.ends_with("1 fail, 0 warn, 11 pass\n"), "{table}");
+    assert!(table.ends_with("1 fail, 0 warn, 12 pass\n"), "{table}");
 }
 
 #[test]

@@ -7,6 +7,7 @@
 //! Also the supported-host matrix: which OS, version and architecture the agent runs on.
 
 pub mod hardware;
+pub mod node_address;
 pub mod runtime;
 
 use byoh_api::byohost::{HostInfo, NetworkInterface, NetworkStatus};
@@ -14,7 +15,6 @@ use byoh_api::common::MachineAddress;
 use byoh_api::labels;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 /// Errors while gathering facts.
@@ -150,7 +150,11 @@ fn system<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> FactsEr
 /// # Errors
 /// [`FactsError`] if os-release, the hostname, uname, /proc/meminfo or the interfaces cannot be
 /// read, or the hostname is not a valid name.
-pub fn gather(root: &Path, name: Option<&str>) -> Result<Facts, FactsError> {
+pub fn gather(
+    root: &Path,
+    name: Option<&str>,
+    node_address: Option<&node_address::NodeAddressChoice>,
+) -> Result<Facts, FactsError> {
     let os = read_os_release(root)?;
     let hostname = match name {
         Some(n) => n.to_string(),
@@ -185,7 +189,7 @@ pub fn gather(root: &Path, name: Option<&str>) -> Result<Facts, FactsError> {
         disks: hardware::disks(root),
         accelerators: hardware::accelerators(root),
     };
-    let addresses = node_addresses(&hostname, &network);
+    let addresses = node_addresses(&hostname, &network, node_address);
     Ok(Facts {
         host_info,
         network,
@@ -193,37 +197,38 @@ pub fn gather(root: &Path, name: Option<&str>) -> Result<Facts, FactsError> {
     })
 }
 
-/// Node addresses: `Hostname`, then each IP (without prefix length) of the default interface
-/// as `InternalIP`.
-pub fn node_addresses(hostname: &str, network: &NetworkStatus) -> Vec<MachineAddress> {
+/// Node addresses: `Hostname`, then each address of the node's network as `InternalIP`
+/// ([`node_address::resolve`]: the interface `choice` names, else the default route's; none
+/// when it matches nothing, which doctor's `node-address` check reports).
+pub fn node_addresses(
+    hostname: &str,
+    network: &NetworkStatus,
+    choice: Option<&node_address::NodeAddressChoice>,
+) -> Vec<MachineAddress> {
     let mut out = vec![MachineAddress {
         type_: "Hostname".into(),
         address: hostname.into(),
     }];
-    if let Some(default) = &network.default_interface
-        && let Some(iface) = network.interfaces.iter().find(|i| &i.name == default)
-    {
-        for cidr in &iface.addresses {
-            let ip = cidr.split('/').next().unwrap_or(cidr);
-            if ip
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| !ip.is_loopback() && !is_link_local(&ip))
-            {
-                out.push(MachineAddress {
-                    type_: "InternalIP".into(),
-                    address: ip.into(),
-                });
-            }
-        }
+    if let Ok(node) = node_address::resolve(network, choice) {
+        out.extend(node.addresses.iter().map(|ip| MachineAddress {
+            type_: "InternalIP".into(),
+            address: ip.to_string(),
+        }));
     }
     out
 }
 
-fn is_link_local(ip: &IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
-    }
+/// The node's network on this host ([`node_address::resolve`] of the interfaces now).
+///
+/// # Errors
+/// Why there is none: the interfaces cannot be read, or nothing matches `choice` (or there is
+/// no default route).
+pub fn node_network(
+    root: &Path,
+    choice: Option<&node_address::NodeAddressChoice>,
+) -> Result<node_address::NodeNetwork, String> {
+    let network = network_status(root).map_err(|e| e.to_string())?;
+    node_address::resolve(&network, choice)
 }
 
 /// Lists the interfaces (loopback excluded) with their link speeds from `<root>/sys/class/net`
@@ -278,13 +283,6 @@ pub fn network_status(root: &Path) -> Result<NetworkStatus, FactsError> {
         default_interface,
         interfaces: by_name.into_values().collect(),
     })
-}
-
-/// The interface of the host's default route: the IPv4 one of lowest metric from
-/// `/proc/net/route`, else the IPv6 one from `/proc/net/ipv6_route`; `None` without a default
-/// route.
-pub fn default_interface() -> Option<String> {
-    default_route_v4().or_else(default_route_v6)
 }
 
 fn default_route_v4() -> Option<String> {
@@ -711,7 +709,7 @@ mod tests {
         write("sys/bus/pci/devices/0000:01:00.0/device", "0x73bf\n");
         write("sys/bus/pci/devices/0000:01:00.0/class", "0x030000\n");
         write("sys/fs/cgroup/cgroup.controllers", "cpu memory\n");
-        let f = gather(r, Some("fake")).unwrap();
+        let f = gather(r, Some("fake"), None).unwrap();
         let h = &f.host_info;
         assert_eq!(h.memory_bytes, 65_536_000 * 1024);
         assert_eq!(h.cpu_model.as_deref(), Some("Fake CPU 9000"));
@@ -858,24 +856,36 @@ mod tests {
                 },
             ],
         };
-        let a = node_addresses("w1", &net);
-        let got: Vec<(&str, &str)> = a
-            .iter()
-            .map(|a| (a.type_.as_str(), a.address.as_str()))
-            .collect();
+        let got = |choice: Option<&str>| -> Vec<(String, String)> {
+            let choice = choice.map(|c| node_address::NodeAddressChoice::parse(c).unwrap());
+            node_addresses("w1", &net, choice.as_ref())
+                .into_iter()
+                .map(|a| (a.type_, a.address))
+                .collect()
+        };
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(t, a)| (t.to_string(), a.to_string()))
+                .collect()
+        };
         assert_eq!(
-            got,
-            [
+            got(None),
+            pairs(&[
                 ("Hostname", "w1"),
                 ("InternalIP", "192.0.2.7"),
                 ("InternalIP", "2001:db8::7")
-            ]
+            ])
         );
+        assert_eq!(
+            got(Some("eth1")),
+            pairs(&[("Hostname", "w1"), ("InternalIP", "198.51.100.1")])
+        );
+        assert_eq!(got(Some("eth7")), pairs(&[("Hostname", "w1")]));
     }
 
     #[test]
     fn gathers_live_facts_of_this_machine() {
-        let f = gather(Path::new("/"), Some("test-host")).unwrap();
+        let f = gather(Path::new("/"), Some("test-host"), None).unwrap();
         assert_eq!(f.host_info.hostname, "test-host");
         assert!(!f.host_info.kernel_version.is_empty());
         assert!(f.host_info.cpus >= 1);

@@ -211,11 +211,18 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
             w.bootstrap_resource_version = data.resource_version.clone();
             self.save(state)?;
         }
-        let instance = InstanceData {
-            local_hostname: self.host.name().to_string(),
-            instance_id: self.host.name().to_string(),
-            default_interface: crate::facts::default_interface(),
-        };
+        let node =
+            crate::facts::node_network(&self.settings.root, self.settings.node_address.as_ref())
+                .inspect_err(|e| tracing::warn!("the node's network: {e}"))
+                .ok();
+        let instance = InstanceData::new(self.host.name(), node.as_ref());
+        // The kubelet's --node-ip only where the operator chose the network: otherwise the
+        // kubelet picks its address itself, as it always did.
+        let node_ips = node
+            .as_ref()
+            .filter(|_| self.settings.node_address.is_some())
+            .map(|n| n.addresses.clone())
+            .unwrap_or_default();
         let plan = cloudinit::check_format(data.format.as_deref())
             .and_then(|()| cloudinit::parse(&data.value, &instance))
             .and_then(|doc| {
@@ -409,7 +416,7 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     let written = self.write_recorded(
                         state,
                         &dropin,
-                        provider_id_dropin(kubelet, &claim.provider_id).as_bytes(),
+                        provider_id_dropin(kubelet, &claim.provider_id, &node_ips).as_bytes(),
                         0o644,
                     )?;
                     if let Some(w) = state.claim.as_mut()

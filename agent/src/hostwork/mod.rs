@@ -359,6 +359,9 @@ pub struct WorkSettings {
     pub package_manager: Option<crate::installer::PackageManager>,
     /// `[proxy]`: for the installer, and for containerd and the kubelet during a claim.
     pub proxy: crate::proxy::ProxySettings,
+    /// `[host] node_address`: the node's network (the kubelet's `--node-ip`, the bootstrap
+    /// template's `ds.meta_data.local_ipv4`); `None`: the default route's interface.
+    pub node_address: Option<crate::facts::node_address::NodeAddressChoice>,
 }
 
 /// The worker: one round of [`HostWorker::work`] per change of the ByoHost (and retries).
@@ -424,11 +427,32 @@ use crate::failpoint::pause_before as failpoint;
 
 /// The kubelet drop-in that sets `--provider-id`: it replaces `ExecStart` with kubeadm's
 /// standard command line (10-kubeadm.conf) plus the flag; `kubelet` is the binary's path.
+/// `node_ips` (the addresses `[host] node_address` chose; empty without a choice) become
+/// `--node-ip` (its first IPv4 and first IPv6 address, comma-separated as the kubelet takes a
+/// dual-stack pair), placed before kubeadm's arguments so that a `node-ip` of the bootstrap's
+/// `kubeletExtraArgs` (in `$KUBELET_KUBEADM_ARGS`) wins: the last occurrence of a flag counts.
 /// Its `[Unit]` section gates the kubelet's start on the agent's confirmation of the claim
 /// ([`kubelet_gate`]).
-pub fn provider_id_dropin(kubelet: &str, provider_id: &str) -> String {
+pub fn provider_id_dropin(
+    kubelet: &str,
+    provider_id: &str,
+    node_ips: &[std::net::IpAddr],
+) -> String {
+    let pair: Vec<String> = [
+        node_ips.iter().find(|a| a.is_ipv4()),
+        node_ips.iter().find(|a| a.is_ipv6()),
+    ]
+    .into_iter()
+    .flatten()
+    .map(ToString::to_string)
+    .collect();
+    let node_ip = if pair.is_empty() {
+        String::new()
+    } else {
+        format!(" --node-ip={}", pair.join(","))
+    };
     format!(
-        "# Written by byoh-agent for the claim's providerID; removed when the host is released.\n{}[Service]\nExecStart=\nExecStart={kubelet} $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS --provider-id={provider_id}\n",
+        "# Written by byoh-agent for the claim's providerID; removed when the host is released.\n{}[Service]\nExecStart=\nExecStart={kubelet}{node_ip} $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS --provider-id={provider_id}\n",
         kubelet_gate::dropin_unit_section()
     )
 }

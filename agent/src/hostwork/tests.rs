@@ -211,21 +211,32 @@ fn decide_table() {
 
 #[test]
 fn provider_id_dropin_replaces_exec_start_with_the_flag() {
-    let d = provider_id_dropin("/usr/local/bin/kubelet", "byoh://w1/abc123");
-    assert!(d.contains("[Service]\nExecStart=\nExecStart=/usr/local/bin/kubelet "));
+    let d = provider_id_dropin("/usr/local/bin/kubelet", "byoh://w1/abc123", &[]);
+    assert!(d.contains(
+        "[Service]\nExecStart=\nExecStart=/usr/local/bin/kubelet $KUBELET_KUBECONFIG_ARGS "
+    ));
     assert!(d.trim_end().ends_with("--provider-id=byoh://w1/abc123"));
     assert!(d.contains("$KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS"));
+    assert!(!d.contains("--node-ip"));
+    // The chosen network's first IPv4 and IPv6 address, before kubeadm's own arguments.
+    let ips: Vec<std::net::IpAddr> = ["192.0.2.10", "192.0.2.11", "2001:db8::10"]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+    let d = provider_id_dropin("/usr/bin/kubelet", "byoh://w1/abc123", &ips);
+    assert!(
+        d.contains(
+            "ExecStart=/usr/bin/kubelet --node-ip=192.0.2.10,2001:db8::10 $KUBELET_KUBECONFIG_ARGS "
+        ),
+        "{d}"
+    );
 }
 
 #[test]
 fn bootstrap_steps_name_every_step_in_order() {
     let doc = cloudinit::parse(
         "#cloud-config\nbootcmd:\n- echo early\nwrite_files:\n- path: /etc/a\n  content: a\n  defer: true\n- path: /etc/b\n  content: b\nruncmd:\n- echo one\n- [\"true\"]\nusers:\n- name: ops\nmounts:\n- [tmpfs, /mnt/t, tmpfs]\n",
-        &InstanceData {
-            local_hostname: "h".into(),
-            instance_id: "h".into(),
-            default_interface: None,
-        },
+        &InstanceData::new("h", None),
     )
     .unwrap();
     let root = tempfile::tempdir().unwrap();

@@ -75,8 +75,12 @@ fn request(
     version: &str,
 ) -> Result<(InstallRequest, byoh_api::byohost::HostInfo), String> {
     let spec = read_spec(file)?;
-    let facts =
-        facts::gather(Path::new("/"), settings.host_name.as_deref()).map_err(|e| e.to_string())?;
+    let facts = facts::gather(
+        Path::new("/"),
+        settings.host_name.as_deref(),
+        settings.node_address.as_ref(),
+    )
+    .map_err(|e| e.to_string())?;
     Ok((
         InstallRequest {
             kubernetes_version: version.to_string(),
