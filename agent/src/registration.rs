@@ -23,7 +23,8 @@ pub const FIELD_MANAGER: &str = "byoh-agent";
 
 /// The labels the agent applies: `config_labels` plus the labels derived from the facts
 /// ([`crate::facts::fact_labels`]: `byoh.infrastructure.cluster.x-k8s.io/{os,arch,cpu-cores,
-/// memory-gib,accelerator-vendor}`), which win over configured labels of the same key.
+/// memory-gib,accelerator-vendor,k8s-version,cgroup}`), which win over configured labels of the
+/// same key.
 pub fn host_labels(
     facts: &Facts,
     config_labels: &BTreeMap<String, String>,

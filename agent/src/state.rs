@@ -272,13 +272,29 @@ pub struct HostChanges {
     /// Units restarted on clean-up once their configuration is restored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restart_units: Vec<String>,
+    /// The kernel settings the node's programs change at run time, as they were when the claim
+    /// began (`crate::hostwork::sysctls`); the clean-up writes back each that differs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sysctls_before: Vec<SysctlValue>,
 }
 
 impl HostChanges {
     /// Whether nothing was recorded.
     pub fn is_empty(&self) -> bool {
-        self.users.is_empty() && self.mounts.is_empty() && self.restart_units.is_empty()
+        self.users.is_empty()
+            && self.mounts.is_empty()
+            && self.restart_units.is_empty()
+            && self.sysctls_before.is_empty()
     }
+}
+
+/// A sysctl and its value as `/proc/sys` shows it (trimmed; several numbers keep their tabs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysctlValue {
+    /// The dotted name, e.g. `net.ipv4.conf.all.route_localnet`.
+    pub key: String,
+    /// The value.
+    pub value: String,
 }
 
 /// A user the bootstrap created.

@@ -62,6 +62,12 @@ pub const HOST_MEMORY_GIB: &str = "byoh.infrastructure.cluster.x-k8s.io/memory-g
 /// order). Absent on hosts without accelerators.
 pub const HOST_ACCELERATOR_VENDOR: &str = "byoh.infrastructure.cluster.x-k8s.io/accelerator-vendor";
 
+/// ByoHost: the host's cgroup hierarchy, `v1` or `v2` (label set by the agent from
+/// `status.hostInfo.cgroupVersion`; absent when unknown). The kubelet of Kubernetes v1.35 and
+/// later refuses cgroup v1 unless its KubeletConfiguration sets `failCgroupV1: false`, so a
+/// ByoMachineTemplate for such a version selects `…/cgroup: v2`.
+pub const HOST_CGROUP: &str = "byoh.infrastructure.cluster.x-k8s.io/cgroup";
+
 /// The labels the agent derives from the host's facts (reported by the host itself: trust
 /// them like any host-written value, see docs/security.md).
 pub const FACT_LABELS: &[&str] = &[
@@ -71,6 +77,7 @@ pub const FACT_LABELS: &[&str] = &[
     HOST_MEMORY_GIB,
     HOST_ACCELERATOR_VENDOR,
     HOST_K8S_VERSION,
+    HOST_CGROUP,
 ];
 
 /// ByoHost: Kubernetes version of the kubelet on the host (label set by the agent from

@@ -40,6 +40,7 @@ pub mod access;
 pub mod agent;
 pub mod apt_repo;
 pub mod bench;
+pub mod brownfield;
 pub mod capi_bed;
 pub mod capi_cluster;
 pub mod capi_move;

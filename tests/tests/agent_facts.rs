@@ -231,6 +231,9 @@ async fn byohost_reports_the_hosts_real_facts_and_labels_and_writes_only_changes
         !info.accelerators.is_empty()
     );
     assert_eq!(label(labels::HOST_ARCH).as_deref(), Some("amd64"));
+    // The hierarchy this machine gives its hosts, as a fact and a label.
+    assert!(info.cgroup_version.is_some(), "{info:?}");
+    assert_eq!(label(labels::HOST_CGROUP), info.cgroup_version);
 
     // `byoh-agent facts --output json` prints what the ByoHost holds.
     let printed: serde_json::Value = serde_json::from_str(

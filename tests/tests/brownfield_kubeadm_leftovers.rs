@@ -16,13 +16,13 @@
 
 use byoh_controller::bootstrap_failures::BackOff;
 use byoh_controller::run::Settings;
-use byoh_tests::agent;
 use byoh_tests::eventually;
 use byoh_tests::hosts::{Debian, Host};
 use byoh_tests::objects::{
     BootstrapData, MachineOpts, Running, bm_condition, condition, create_machine, delete_machine,
     finish, get_bm, get_host, host_claimed_false, ready_cluster, settings, wait_released,
 };
+use byoh_tests::{agent, brownfield};
 use std::time::Duration;
 
 /// The earlier cluster's files, as kubeadm leaves them: (path, content).
@@ -231,12 +231,7 @@ async fn a_host_with_an_earlier_clusters_files_is_refused_and_left_as_it_is_unti
     .await;
     delete_machine(&client, &n, &name, "m2").await;
     wait_released(&client, &n, &name, &uid2).await;
-    let diff = agent::snapshot_diff(&clean, &agent::snapshot(&host).await.unwrap());
-    assert!(
-        diff.is_empty(),
-        "claim and release changed the host:\n{}",
-        diff.join("\n")
-    );
+    brownfield::assert_as_before(&host, &clean).await;
     host.stop().await.unwrap();
     finish(&client, ns, vec![ctl]).await;
 }

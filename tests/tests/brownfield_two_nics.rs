@@ -14,14 +14,11 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-use byoh_tests::agent;
-use byoh_tests::control_plane::{self, TestNamespace};
 use byoh_tests::eventually;
-use byoh_tests::hosts::{self, BootOptions, Host};
 use byoh_tests::objects::{
-    BootstrapData, MachineOpts, Running, bm_condition, create_machine, delete_machine, finish,
-    get_bm, get_host, ready_cluster, settings, wait_released,
+    Running, delete_machine, finish, get_host, ready_cluster, settings, wait_released,
 };
+use byoh_tests::{agent, brownfield};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
@@ -55,25 +52,10 @@ async fn internal_ips(client: &kube::Client, ns: &str, name: &str) -> Vec<String
 #[tokio::test(flavor = "multi_thread")]
 async fn the_operator_chooses_the_nodes_network_and_the_claim_gives_it_to_kubeadm_kube_vip_and_the_kubelet()
  {
-    let Some(client) = control_plane::client().await else {
+    let Some((client, ns, host)) = brownfield::boot_networked("brownfield-nics").await else {
         return;
     };
-    if !hosts::available() {
-        return;
-    }
-    let ns = TestNamespace::create(&client, "brownfield-nics")
-        .await
-        .unwrap();
     let n = ns.name().to_string();
-    let host = Host::boot_with(
-        "brownfield-nics",
-        &BootOptions {
-            network: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
     let name = host.name().to_string();
     let default_address = host.address().unwrap().to_string();
     // The second card, as the operator configured it (a veth pair inside the host stands in
@@ -98,10 +80,6 @@ async fn the_operator_chooses_the_nodes_network_and_the_claim_gives_it_to_kubead
     }
     let eth1_before = host
         .run(&["ip", "-br", "addr", "show", "eth1"])
-        .await
-        .unwrap();
-
-    agent::register_on_test_network(&client, &n, &host)
         .await
         .unwrap();
 
@@ -152,19 +130,7 @@ async fn the_operator_chooses_the_nodes_network_and_the_claim_gives_it_to_kubead
     // A claim through the controller: the template and the kubelet get the chosen network.
     let ctl = Running::start(&client, &n, settings());
     ready_cluster(&client, &n, "c1").await;
-    agent::create_machine_bootstrap_data(&client, &n, "m1", "m1-bootstrap", TEMPLATE)
-        .await
-        .unwrap();
-    let opts = MachineOpts {
-        bootstrap_data: BootstrapData::Named("m1-bootstrap".into()),
-        ..MachineOpts::ready()
-    };
-    create_machine(&client, &n, "c1", "m1", &opts).await;
-    let bm = eventually("m1's bootstrap succeeds", T, || async {
-        let bm = get_bm(&client, &n, "m1").await?;
-        (bm_condition(&bm, "Ready").map(|(s, _)| s).as_deref() == Some("True")).then_some(bm)
-    })
-    .await;
+    let bm = brownfield::claim_with(&client, &n, "c1", "m1", TEMPLATE).await;
     let uid = kube::ResourceExt::uid(&bm).unwrap();
     let bm_ips: Vec<String> = bm
         .status
@@ -199,12 +165,7 @@ async fn the_operator_chooses_the_nodes_network_and_the_claim_gives_it_to_kubead
             .unwrap(),
         eth1_before
     );
-    let diff = agent::snapshot_diff(&snapshot, &agent::snapshot(&host).await.unwrap());
-    assert!(
-        diff.is_empty(),
-        "claim and release changed the host:\n{}",
-        diff.join("\n")
-    );
+    brownfield::assert_as_before(&host, &snapshot).await;
     host.stop().await.unwrap();
     finish(&client, ns, vec![ctl]).await;
 }

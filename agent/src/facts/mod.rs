@@ -421,7 +421,7 @@ pub fn check_supported(info: &HostInfo) -> Result<&'static SupportedOs, String> 
 /// CPU cores (physical, else the online CPUs), memory in whole GiB (rounded to nearest) and,
 /// when the host has accelerators, their vendor (the vendor with the most devices; ties in the
 /// order nvidia, amd, intel); the kubelet's version when there is a kubelet and its version is
-/// a valid label value. A label that does not apply is absent, so the apply removes it.
+/// a valid label value; the cgroup hierarchy (`v1`, `v2`) when known. A label that does not apply is absent, so the apply removes it.
 pub fn fact_labels(info: &HostInfo) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     out.insert(labels::HOST_OS.into(), info.os_name.clone());
@@ -442,6 +442,9 @@ pub fn fact_labels(info: &HostInfo) -> BTreeMap<String, String> {
         .filter(|(n, _)| *n > 0);
     if let Some((_, std::cmp::Reverse(v))) = vendor {
         out.insert(labels::HOST_ACCELERATOR_VENDOR.into(), v.into());
+    }
+    if let Some(v) = &info.cgroup_version {
+        out.insert(labels::HOST_CGROUP.into(), v.clone());
     }
     if let Some(v) = info
         .kubelet_version
@@ -645,6 +648,7 @@ mod tests {
             get(&l, labels::HOST_K8S_VERSION).as_deref(),
             Some("v1.36.3")
         );
+        assert_eq!(get(&l, labels::HOST_CGROUP).as_deref(), Some("v2"));
         assert!(l.keys().all(|k| labels::FACT_LABELS.contains(&k.as_str())));
         // A kubelet version that is no label value (a distribution's `+` suffix) stays in the
         // status only; no kubelet, no label.

@@ -97,7 +97,10 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                     .control_plane_endpoint
                     .as_ref()
                     .map(|e| e.host.clone()),
-                host_changes: Default::default(),
+                host_changes: crate::state::HostChanges {
+                    sysctls_before: super::sysctls::snapshot(&self.settings.root),
+                    ..Default::default()
+                },
                 last_remediation: None,
             });
             self.save(state)?;

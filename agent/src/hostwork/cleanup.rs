@@ -5,7 +5,7 @@
 
 use super::{
     CLEANUP_STEPS, CleanupStep, HostWorker, RUNTIME_DIR_PARENTS, RUNTIME_DIRS, WorkError,
-    failpoint, io, reset, restore,
+    failpoint, io, reset, restore, sysctls,
 };
 use crate::cloudinit::CommandRunner;
 use crate::fsutil::under;
@@ -267,6 +267,14 @@ impl<U: UnitManager + Sync, R: CommandRunner + Sync> HostWorker<U, R> {
                             }
                         }
                         me.revert_host_changes(w).await?;
+                        let (restored, failed) =
+                            sysctls::restore(root, &w.host_changes.sysctls_before);
+                        for r in restored {
+                            tracing::info!("sysctls: wrote back {r}, as before the claim");
+                        }
+                        for f in failed {
+                            tracing::warn!("sysctls: could not write back {f}");
+                        }
                         remove_runtime_dirs(root, &w.preexisting_dirs)?;
                     }
                     remove_backups(&me.settings.state_dir.join("backups"))?;

@@ -130,6 +130,9 @@ pub struct HostNow {
     pub iptables: Option<Vec<SavedTable>>,
     /// `ip6tables-save` output, parsed.
     pub ip6tables: Option<Vec<SavedTable>>,
+    /// The other iptables backend's listings (`iptables-legacy-save` where `iptables` is
+    /// nf_tables, `iptables-nft-save` where it is legacy), by tool, parsed.
+    pub other_iptables: Vec<(String, Vec<SavedTable>)>,
     /// `nft list ruleset` output, parsed.
     pub nft: Option<Vec<NftChain>>,
     /// Container IDs in containerd's `k8s.io` namespace, and the tool that listed them.
@@ -336,7 +339,8 @@ pub fn removal_script(
     (!script.is_empty()).then_some(script)
 }
 
-/// One line per table of `tool` (`iptables` or `ip6tables`) holding KUBE-/CNI- chains, with
+/// One line per table of `tool` (`iptables`, `ip6tables` or another backend's,
+/// `iptables-legacy`, `ip6tables-nft`, ...) holding KUBE-/CNI- chains, with
 /// the commands that delete the rules jumping to them from other chains, then flush and delete
 /// them.
 pub fn iptables_leftovers(
@@ -528,16 +532,28 @@ pub fn decide(
         .and_then(|b| b.chains.as_ref())
         .map(|c| c.iter().cloned().collect());
     let mut already = BTreeSet::new();
-    for (tool, family, tables) in [
-        ("iptables", "ip", &now.iptables),
-        ("ip6tables", "ip6", &now.ip6tables),
-    ] {
-        if let Some(tables) = tables {
-            left.extend(iptables_leftovers(tool, tables, chains_before.as_ref()));
-            for t in tables {
-                for c in &t.chains {
-                    already.insert((family.to_string(), t.name.clone(), c.clone()));
-                }
+    let other = now
+        .other_iptables
+        .iter()
+        .map(|(tool, tables)| (tool.as_str(), Some(tables)));
+    for (tool, tables) in [
+        ("iptables", now.iptables.as_ref()),
+        ("ip6tables", now.ip6tables.as_ref()),
+    ]
+    .into_iter()
+    .chain(other)
+    {
+        let Some(tables) = tables else { continue };
+        left.extend(iptables_leftovers(tool, tables, chains_before.as_ref()));
+        // What nft lists again: the chains of the nf_tables backend (`iptables` itself when
+        // the other backend is legacy).
+        if tool.ends_with("-legacy") {
+            continue;
+        }
+        let family = if tool.starts_with("ip6") { "ip6" } else { "ip" };
+        for t in tables {
+            for c in &t.chains {
+                already.insert((family.to_string(), t.name.clone(), c.clone()));
             }
         }
     }

@@ -420,6 +420,7 @@ pub mod remediation;
 pub mod reset;
 mod restore;
 mod runcmd;
+pub mod sysctls;
 pub mod verify;
 pub use cleanup::failure_reason;
 

@@ -74,15 +74,53 @@ pub fn network(root: &Path) -> std::io::Result<NetworkSnapshot> {
     })
 }
 
-/// The KUBE-/CNI- chains of `iptables-save` and `ip6tables-save` as `TOOL TABLE CHAIN` keys;
-/// `None` when neither tool gave a listing.
+/// The tools of the iptables backend that the host's `iptables` is not (`iptables -V` says
+/// `(nf_tables)` or `(legacy)`), when the host has them: Debian's and the RHEL family's iptables
+/// packages ship both backends, and a host whose alternative is one while kube-proxy (whose
+/// image picks the backend by the rules it finds) writes through the other would otherwise keep
+/// the claim's chains where `iptables-save` never shows them. Empty without such tools.
+pub async fn other_iptables_backend(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Vec<&'static str> {
+    let Some(version) = tool_output(runner, root, scratch, "iptables", &["-V"]).await else {
+        return Vec::new();
+    };
+    let other: [&'static str; 2] = if version.contains("nf_tables") {
+        ["iptables-legacy", "ip6tables-legacy"]
+    } else if version.contains("legacy") {
+        ["iptables-nft", "ip6tables-nft"]
+    } else {
+        return Vec::new();
+    };
+    other
+        .into_iter()
+        .filter(|t| find_tool(root, &format!("{t}-save")).is_some())
+        .collect()
+}
+
+/// [`IPTABLES`] and then [`other_iptables_backend`]'s tools.
+async fn iptables_tools(
+    root: &Path,
+    runner: &impl CommandRunner,
+    scratch: &Path,
+) -> Vec<&'static str> {
+    let mut tools = IPTABLES.to_vec();
+    tools.extend(other_iptables_backend(root, runner, scratch).await);
+    tools
+}
+
+/// The KUBE-/CNI- chains of `TOOL-save` for each iptables tool ([`IPTABLES`], then the other
+/// backend's: [`other_iptables_backend`]) as `TOOL TABLE CHAIN` keys; `None` when no tool gave
+/// a listing.
 pub async fn chains(
     root: &Path,
     runner: &impl CommandRunner,
     scratch: &Path,
 ) -> Option<Vec<String>> {
     let mut keys = None;
-    for tool in IPTABLES {
+    for tool in iptables_tools(root, runner, scratch).await {
         if let Some(t) = tool_output(runner, root, scratch, &format!("{tool}-save"), &[]).await {
             keys.get_or_insert_with(Vec::new)
                 .extend(leftovers::chain_keys(
@@ -94,10 +132,10 @@ pub async fn chains(
     keys
 }
 
-/// Removes the KUBE-/CNI- chains of iptables and ip6tables that were not there when the claim
-/// began (`before`; nothing when it was not recorded): the rules jumping into them, then the
-/// chains, with one `TOOL-restore --noflush` per tool. Failures are logged; `verify` then
-/// reports what is left.
+/// Removes the KUBE-/CNI- chains of iptables and ip6tables (both backends, as [`chains`] lists
+/// them) that were not there when the claim began (`before`; nothing when it was not
+/// recorded): the rules jumping into them, then the chains, with one `TOOL-restore --noflush`
+/// per tool. Failures are logged; `verify` then reports what is left.
 pub async fn remove_claim_chains(
     root: &Path,
     runner: &impl CommandRunner,
@@ -108,7 +146,7 @@ pub async fn remove_claim_chains(
         return;
     };
     let before: std::collections::BTreeSet<String> = before.iter().cloned().collect();
-    for tool in IPTABLES {
+    for tool in iptables_tools(root, runner, scratch).await {
         let Some(saved) = tool_output(runner, root, scratch, &format!("{tool}-save"), &[]).await
         else {
             continue;
@@ -245,6 +283,12 @@ pub async fn host_now(root: &Path, runner: &impl CommandRunner, scratch: &Path) 
     let ip6tables = tool_output(runner, root, scratch, "ip6tables-save", &[])
         .await
         .map(|t| leftovers::parse_iptables_save(&t));
+    let mut other_iptables = Vec::new();
+    for tool in other_iptables_backend(root, runner, scratch).await {
+        if let Some(t) = tool_output(runner, root, scratch, &format!("{tool}-save"), &[]).await {
+            other_iptables.push((tool.to_string(), leftovers::parse_iptables_save(&t)));
+        }
+    }
     let nft = tool_output(runner, root, scratch, "nft", &["list", "ruleset"])
         .await
         .map(|t| leftovers::parse_nft_ruleset(&t));
@@ -253,6 +297,7 @@ pub async fn host_now(root: &Path, runner: &impl CommandRunner, scratch: &Path) 
         network,
         iptables,
         ip6tables,
+        other_iptables,
         nft,
         containers,
     }

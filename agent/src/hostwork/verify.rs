@@ -11,8 +11,9 @@
 //! `probe.rs`): interfaces with a Kubernetes networking name (CNI bridges and tunnels, pods'
 //! veth peers, `kube-ipvs0`) that did not exist when the claim began, addresses added during the
 //! claim to an interface that existed before it (kube-vip's control-plane endpoint), KUBE-/CNI-
-//! chains in `iptables-save`, `ip6tables-save` (those not there when the claim began, when that
-//! was recorded) and `nft list ruleset` (tools that are absent are skipped), and containers in
+//! chains in `iptables-save`, `ip6tables-save` and the other backend's tools (`iptables-legacy`
+//! where `iptables` is nf_tables, `iptables-nft` where it is legacy; those not there when the
+//! claim began, when that was recorded) and `nft list ruleset` (tools that are absent are skipped), and containers in
 //! containerd's `k8s.io` namespace (`ctr`, else `crictl`; those not there when the claim began,
 //! when that was recorded). They are reported with their fix. Removed by the agent first: the
 //! iptables chains that were not there when the claim began (the kubelet's and kube-proxy's,

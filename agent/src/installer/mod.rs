@@ -37,6 +37,7 @@ mod plan;
 #[cfg(test)]
 mod plan_tests;
 mod probe;
+pub use probe::{read_sysctl, sysctl_path};
 pub mod settings;
 mod source;
 mod steps;

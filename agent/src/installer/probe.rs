@@ -59,11 +59,14 @@ pub(super) fn unit_enabled(root: &Path, unit: &str) -> bool {
     })
 }
 
-pub(super) fn sysctl_path(root: &Path, key: &str) -> PathBuf {
+/// The file of sysctl `key` (dotted, e.g. `net.ipv4.ip_forward`) under `<root>/proc/sys`.
+pub fn sysctl_path(root: &Path, key: &str) -> PathBuf {
     root.join("proc/sys").join(key.replace('.', "/"))
 }
 
-pub(super) fn read_sysctl(root: &Path, key: &str) -> Option<String> {
+/// The value of sysctl `key` under `root`, trimmed; `None` when the host has no such key or
+/// it cannot be read.
+pub fn read_sysctl(root: &Path, key: &str) -> Option<String> {
     std::fs::read_to_string(sysctl_path(root, key))
         .ok()
         .map(|s| s.trim().to_string())

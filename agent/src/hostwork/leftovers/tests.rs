@@ -243,6 +243,24 @@ fn decide_table() {
             ],
         ),
         (
+            "the other backend (iptables is legacy, kube-proxy wrote through nf_tables): named with its own tool, and not again as nftables chains",
+            Some(&chains_before),
+            HostNow {
+                network: Some(before.clone()),
+                iptables: Some(parse_iptables_save(
+                    "*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n",
+                )),
+                other_iptables: vec![("iptables-nft".into(), nat.clone())],
+                nft: Some(parse_nft_ruleset(
+                    "table ip nat {\n\tchain KUBE-SERVICES {\n\t}\n\tchain KUBE-POSTROUTING {\n\t}\n\tchain CNI-abc123 {\n\t}\n}\n",
+                )),
+                ..Default::default()
+            },
+            vec![
+                "iptables-nft chains of kube-proxy or a CNI plugin are left in table nat: KUBE-SERVICES, KUBE-POSTROUTING, CNI-abc123: iptables-nft -t nat -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES; iptables-nft -t nat -D POSTROUTING -s 10.244.0.0/16 -j CNI-abc123; iptables-nft -t nat -F KUBE-SERVICES; iptables-nft -t nat -F KUBE-POSTROUTING; iptables-nft -t nat -F CNI-abc123; iptables-nft -t nat -X KUBE-SERVICES; iptables-nft -t nat -X KUBE-POSTROUTING; iptables-nft -t nat -X CNI-abc123",
+            ],
+        ),
+        (
             "no iptables, no nft (tools absent): nothing to report",
             None,
             HostNow::default(),
