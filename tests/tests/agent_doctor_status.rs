@@ -342,9 +342,19 @@ async fn status_and_doctor_on_a_healthy_and_a_broken_host() {
     host.run(&["rm", "/etc/byoh/agent.toml.d/50-preinstalled.toml"])
         .await
         .unwrap();
-    host.run(&["systemctl", "start", "containerd"])
-        .await
-        .unwrap();
+    // The operator starts containerd again. On this bed a host shares the machine's cgroup v1
+    // hierarchies, and now and then systemd's first start after the stop cannot attach the
+    // unit's process to its cgroup (status 219/CGROUP, "No such file or directory"; seen in
+    // about one run in ten of this test on the bed): then the operator's second start does.
+    if let Err(first) = host.run(&["systemctl", "start", "containerd"]).await {
+        eprintln!("starting containerd again after: {first:#}");
+        host.run(&["systemctl", "reset-failed", "containerd"])
+            .await
+            .unwrap();
+        host.run(&["systemctl", "start", "containerd"])
+            .await
+            .unwrap();
+    }
     host.run(&[
         "rm",
         "-r",

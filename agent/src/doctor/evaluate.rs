@@ -225,6 +225,7 @@ pub fn evaluate(i: &Inputs) -> Vec<Check> {
             "systemctl enable --now containerd; if it does not stay up: journalctl -u containerd",
         ),
     });
+    out.push(containerd_config_check(i));
 
     out.push({
         let describe = |u: &PortUse| match &u.owner {
@@ -531,5 +532,44 @@ fn node_address_check(i: &Inputs) -> Check {
             fix,
         ),
         (None, Err(why)) => check("node-address", Severity::Warn, why.clone(), fix),
+    }
+}
+
+/// `containerd-config`: the file a claim's install changes (or, pre-installed, uses as it is).
+fn containerd_config_check(i: &Inputs) -> Check {
+    let path = crate::installer::CONTAINERD_CONFIG;
+    match &i.containerd_config {
+        None => check(
+            "containerd-config",
+            Severity::Pass,
+            format!("no {path}: containerd's defaults"),
+            "",
+        ),
+        Some(Ok(())) if i.preinstalled => check(
+            "containerd-config",
+            Severity::Pass,
+            format!("{path}: the CRI plugin is enabled"),
+            "",
+        ),
+        Some(Ok(())) => check(
+            "containerd-config",
+            Severity::Pass,
+            format!(
+                "{path}: a claim's install can set what the kubelet needs (restored on release)"
+            ),
+            "",
+        ),
+        Some(Err(why)) if i.preinstalled => check(
+            "containerd-config",
+            Severity::Fail,
+            format!("{path}: {why}"),
+            "remove the CRI plugin from disabled_plugins in that file, then systemctl restart containerd",
+        ),
+        Some(Err(why)) => check(
+            "containerd-config",
+            Severity::Fail,
+            format!("{path}: {why}; a claim's install would fail on it"),
+            "bring it to config version 2 or 3 (containerd config migrate, containerd 2.0 and later), or move it away so that the install writes containerd's defaults",
+        ),
     }
 }

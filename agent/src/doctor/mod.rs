@@ -93,6 +93,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "`containerd.service` installed and active (systemd over D-Bus)",
     ),
     (
+        "containerd-config",
+        "`/etc/containerd/config.toml`, when there is one, is a config the installer can give the kubelet's CRI settings to (version 2 or 3, or a file without plugin tables as Docker's containerd.io ships); with `skip_installation`, its CRI plugin is not disabled",
+    ),
+    (
         "ports",
         "nothing listens on TCP 10250 (kubelet) or 6443 (API server) (`/proc/net/tcp{,6}`)",
     ),
@@ -221,6 +225,9 @@ pub struct Inputs {
     pub busy_ports: Vec<PortUse>,
     /// What an earlier `kubeadm init`/`join` left on the host ([`kubeadm_leftovers`]).
     pub kubeadm_leftovers: Vec<String>,
+    /// `/etc/containerd/config.toml` ([`containerd_config`]): `None` when there is none,
+    /// else whether it serves the kubelet (or the installer can make it), or why not.
+    pub containerd_config: Option<Result<(), String>>,
     /// `[host] node_address` as the operator wrote it (its kind and value), if set.
     pub node_address: Option<String>,
     /// The node's network (`crate::facts::node_network`), or why there is none.
@@ -270,14 +277,15 @@ pub fn failures_message(checks: &[Check]) -> String {
         .join("; ")
 }
 
-/// Renders the checks as a table: `CHECK  RESULT  DETAILS`, with a `fix:` line under each
-/// warning or failure.
+/// Renders the checks as a table: `CHECK  RESULT  DETAILS` (the first column as wide as the
+/// longest name of [`CHECKS`] and two spaces), with a `fix:` line under each warning or failure.
 pub fn render_table(checks: &[Check]) -> String {
-    let mut s = format!("{:<16}{:<8}DETAILS\n", "CHECK", "RESULT");
+    let w = CHECKS.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 2;
+    let mut s = format!("{:<w$}{:<8}DETAILS\n", "CHECK", "RESULT");
     for c in checks {
-        let _ = writeln!(s, "{:<16}{:<8}{}", c.name, c.severity.label(), c.message);
+        let _ = writeln!(s, "{:<w$}{:<8}{}", c.name, c.severity.label(), c.message);
         if !c.fix.is_empty() {
-            let _ = writeln!(s, "{:<24}fix: {}", "", c.fix);
+            let _ = writeln!(s, "{:<pad$}fix: {}", "", c.fix, pad = w + 8);
         }
     }
     let _ = writeln!(s, "\n{}", summary(checks));

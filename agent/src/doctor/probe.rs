@@ -265,6 +265,37 @@ pub fn kubeadm_leftovers(root: &Path) -> Vec<String> {
     files.chain(dirs).map(|p| format!("/{p}")).collect()
 }
 
+/// What the claim makes of containerd's config under `root` (`None`: there is none): with an
+/// installer (`preinstalled` false) whether [`crate::installer::cri_for_kubelet`] can give it
+/// the kubelet's settings; with Kubernetes pre-installed, whether its CRI plugin is enabled
+/// (nothing changes the file then).
+pub fn containerd_config(root: &Path, preinstalled: bool) -> Option<Result<(), String>> {
+    let path = under(root, crate::installer::CONTAINERD_CONFIG);
+    let text = std::fs::read_to_string(&path).ok()?;
+    Some(if preinstalled {
+        let doc: toml::Table = match text.parse() {
+            Ok(d) => d,
+            Err(e) => return Some(Err(format!("not valid TOML: {e}"))),
+        };
+        let disabled: Vec<&str> = doc
+            .get("disabled_plugins")
+            .and_then(toml::Value::as_array)
+            .map(|a| a.iter().filter_map(toml::Value::as_str).collect())
+            .unwrap_or_default();
+        match disabled
+            .iter()
+            .find(|p| crate::installer::CRI_PLUGIN_IDS.contains(p))
+        {
+            Some(p) => Err(format!(
+                "the CRI plugin the kubelet talks to is disabled (disabled_plugins holds \"{p}\")"
+            )),
+            None => Ok(()),
+        }
+    } else {
+        crate::installer::cri_for_kubelet(&text).map(|_| ())
+    })
+}
+
 /// Gathers everything but the API probe and the containerd unit (sync, file reads).
 fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
     let os = crate::facts::gather(
@@ -303,6 +334,7 @@ fn local_inputs(settings: &Settings, root: &Path) -> Inputs {
         containerd: UnitProbe::Unknown("not asked".into()),
         busy_ports: busy_ports(),
         kubeadm_leftovers: kubeadm_leftovers(root),
+        containerd_config: containerd_config(root, settings.skip_installation),
         node_address: settings.node_address.as_ref().map(ToString::to_string),
         node_network: crate::facts::node_network(root, settings.node_address.as_ref()),
         disks: super::disk::probe(root),

@@ -20,6 +20,7 @@ fn healthy() -> Inputs {
         }),
         busy_ports: vec![],
         kubeadm_leftovers: vec![],
+        containerd_config: None,
         node_address: None,
         node_network: Ok(crate::facts::node_address::NodeNetwork {
             interface: "eth0".into(),
@@ -66,7 +67,7 @@ fn a_healthy_host_passes_every_check_in_order() {
         assert!(c.fix.is_empty());
     }
     assert_eq!(worst(&checks), Severity::Pass);
-    assert_eq!(summary(&checks), "0 fail, 0 warn, 13 pass");
+    assert_eq!(summary(&checks), "0 fail, 0 warn, 14 pass");
 }
 
 /// Table: a change of the inputs → the check, its severity, and a word its fix must contain.
@@ -131,6 +132,28 @@ fn each_problem_names_its_check_severity_and_fix() {
             "node-address",
             Severity::Fail,
             "set [host] node_address",
+        ),
+        (
+            "a containerd config the install cannot change",
+            Box::new(|i| {
+                i.containerd_config = Some(Err(
+                    "config version 1 (no version key) is not supported (2 or 3)".into(),
+                ))
+            }),
+            "containerd-config",
+            Severity::Fail,
+            "containerd config migrate",
+        ),
+        (
+            "the CRI plugin disabled on a pre-installed host",
+            Box::new(|i| {
+                i.preinstalled = true;
+                i.containerd_config =
+                    Some(Err("the CRI plugin the kubelet talks to is disabled".into()));
+            }),
+            "containerd-config",
+            Severity::Fail,
+            "disabled_plugins",
         ),
         (
             "no default route",
@@ -430,15 +453,15 @@ fn failures_message_and_table_name_each_fix() {
     assert!(m.contains("fix: swapoff -a"), "{m}");
     let table = render_table(&checks);
     assert!(
-        table.starts_with("CHECK           RESULT  DETAILS\n"),
+        table.starts_with("CHECK              RESULT  DETAILS\n"),
         "{table}"
     );
     assert!(
-        table.contains("swap            FAIL    swap is on"),
+        table.contains("swap               FAIL    swap is on"),
         "{table}"
     );
     assert!(table.contains("fix: swapoff -a"), "{table}");
-    assert!(table.ends_with("1 fail, 0 warn, 12 pass\n"), "{table}");
+    assert!(table.ends_with("1 fail, 0 warn, 13 pass\n"), "{table}");
 }
 
 #[test]
@@ -467,6 +490,25 @@ fn parsers() {
         server_host("https://api.example"),
         Some(("api.example".into(), 443))
     );
+}
+
+#[test]
+fn containerd_config_is_judged_as_the_claim_would_use_it() {
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    assert_eq!(containerd_config(r, false), None, "no file");
+    std::fs::create_dir_all(r.join("etc/containerd")).unwrap();
+    let put = |text: &str| std::fs::write(r.join("etc/containerd/config.toml"), text).unwrap();
+    // Docker's containerd.io shape: the install opens it; pre-installed, the CRI is off.
+    put("disabled_plugins = [\"cri\"]\n");
+    assert_eq!(containerd_config(r, false), Some(Ok(())));
+    let e = containerd_config(r, true).unwrap().unwrap_err();
+    assert!(e.contains("disabled") && e.contains("\"cri\""), "{e}");
+    // Version 1 with plugin tables: the install would refuse it.
+    put("[plugins.cri]\nsandbox_image = \"pause\"\n");
+    let e = containerd_config(r, false).unwrap().unwrap_err();
+    assert!(e.contains("config version 1"), "{e}");
+    assert_eq!(containerd_config(r, true), Some(Ok(())));
 }
 
 #[test]

@@ -52,7 +52,7 @@ pub use manifest::{Change, Entry, InstallManifest, KeptDir, MANIFEST_FILE, Packa
 pub use plan::{plan_install, plan_uninstall};
 pub use probe::under;
 pub use source::package_manager;
-pub use steps::{cri_for_kubelet, kubeadm_dropin, kubelet_unit};
+pub use steps::{CRI_PLUGIN_IDS, cri_for_kubelet, kubeadm_dropin, kubelet_unit};
 pub use uninstall::{uninstall, uninstall_keeping};
 
 // For the files of this module (packages, checks, apply) that reach these through `super::`.

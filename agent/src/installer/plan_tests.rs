@@ -221,6 +221,36 @@ fn containerd_systemd_cgroup_and_cni_dir_for_each_config_version() {
     );
 }
 
+/// A containerd config in the shape Docker's containerd.io package ships it: no `version`, the
+/// CRI plugin disabled, everything else commented out.
+const DOCKER_CONTAINERD: &str = "# containerd config of a Docker Engine host (containerd.io package)\n\ndisabled_plugins = [\"cri\"]\n\n#root = \"/var/lib/containerd\"\n#state = \"/run/containerd\"\n#oom_score = 0\n\n#[grpc]\n#  address = \"/run/containerd/containerd.sock\"\n\n#[debug]\n#  level = \"info\"\n";
+
+#[test]
+fn a_docker_engines_containerd_config_gets_the_cri_plugin_enabled() {
+    let out = cri_for_kubelet(DOCKER_CONTAINERD).unwrap().unwrap();
+    let t: toml::Table = out.parse().unwrap();
+    assert_eq!(t["version"].as_integer(), Some(2), "read as version 2");
+    assert_eq!(t["disabled_plugins"].as_array().map(Vec::len), Some(0));
+    let runc = &t["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
+    assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
+    assert_eq!(cri_for_kubelet(&out).unwrap(), None, "already right");
+    // Every name the CRI plugins have had; other plugins stay disabled.
+    let v3 = cri_for_kubelet("version = 3\ndisabled_plugins = [\"io.containerd.cri.v1.images\", \"io.containerd.snapshotter.v1.zfs\", \"io.containerd.cri.v1.runtime\"]\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\nSystemdCgroup = true\n").unwrap().unwrap();
+    let t: toml::Table = v3.parse().unwrap();
+    assert_eq!(
+        t["disabled_plugins"].as_array().unwrap(),
+        &vec![toml::Value::String(
+            "io.containerd.snapshotter.v1.zfs".into()
+        )]
+    );
+    // A version 1 file with plugin tables of version 1's names is still refused.
+    assert!(
+        cri_for_kubelet("disabled_plugins = [\"cri\"]\n[plugins.cri]\nsandbox_image = \"x\"\n")
+            .unwrap_err()
+            .contains("containerd config migrate")
+    );
+}
+
 #[test]
 fn manifest_round_trips_and_plan_uninstall_is_reversed() {
     let m = InstallManifest {

@@ -258,7 +258,17 @@ pub(super) fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) ->
     v
 }
 
-/// Makes a containerd config what the kubelet needs: `SystemdCgroup = true` for the runc
+/// The names of containerd's CRI plugins in `disabled_plugins`, in every config version.
+pub const CRI_PLUGIN_IDS: &[&str] = &[
+    "cri",
+    "io.containerd.grpc.v1.cri",
+    "io.containerd.cri.v1.runtime",
+    "io.containerd.cri.v1.images",
+];
+
+/// Makes a containerd config what the kubelet needs: the CRI plugin enabled (removed from
+/// `disabled_plugins`, where Docker's containerd.io package puts it; a file of that package's
+/// shape — no `version`, no `plugins` table — is read as version 2), `SystemdCgroup = true` for the runc
 /// runtime (the kubelet's systemd cgroup driver), and the CRI plugin's CNI plugin directory at
 /// [`CNI_BIN_DIR`], where the `kubernetes-cni` package, the `tarball`
 /// source and CNI DaemonSets (Calico, Flannel, ...) put plugins — Debian's containerd package
@@ -269,7 +279,28 @@ pub(super) fn steps(req: &InstallRequest, os: &HostInfo, source: &Source<'_>) ->
 /// `/opt/cni/bin`. `Ok(None)` when nothing needs to change; `Err` names what is wrong.
 pub fn cri_for_kubelet(text: &str) -> Result<Option<String>, String> {
     let mut doc: toml::Table = text.parse().map_err(|e| format!("not valid TOML: {e}"))?;
-    let version = doc.get("version").and_then(toml::Value::as_integer);
+    let mut changed = false;
+    let mut version = doc.get("version").and_then(toml::Value::as_integer);
+    if version.is_none() && !doc.contains_key("plugins") {
+        // containerd reads a file without `version` as version 1, but one without a `plugins`
+        // table means the same in version 2 (the top-level keys are the same): Docker's
+        // containerd.io package ships such a file, `disabled_plugins = ["cri"]` and the rest
+        // commented out.
+        doc.insert("version".into(), toml::Value::Integer(2));
+        version = Some(2);
+        changed = true;
+    }
+    // Docker's file (and others that only run Docker) disables the CRI plugin the kubelet
+    // talks to; every name it has had: version 1's short `cri`, version 2's
+    // `io.containerd.grpc.v1.cri`, version 3's runtime and images plugins.
+    if let Some(disabled) = doc
+        .get_mut("disabled_plugins")
+        .and_then(toml::Value::as_array_mut)
+    {
+        let before = disabled.len();
+        disabled.retain(|p| !p.as_str().is_some_and(|p| CRI_PLUGIN_IDS.contains(&p)));
+        changed |= disabled.len() != before;
+    }
     let plugin = match version {
         Some(2) => "io.containerd.grpc.v1.cri",
         Some(3) => "io.containerd.cri.v1.runtime",
@@ -280,7 +311,6 @@ pub fn cri_for_kubelet(text: &str) -> Result<Option<String>, String> {
             ));
         }
     };
-    let mut changed = false;
     let cri = table_at(&mut doc, &["plugins", plugin])?;
     let cni = table_at(cri, &["cni"])?;
     if let Some(dir) = cni.get_mut("bin_dir")
@@ -308,7 +338,7 @@ pub fn cri_for_kubelet(text: &str) -> Result<Option<String>, String> {
         return Ok(None);
     }
     let mut out = format!(
-        "# Set by byoh-agent for the kubelet (SystemdCgroup = true for runc, CNI plugins in {}); the original is restored when the host is released.\n",
+        "# Set by byoh-agent for the kubelet (the CRI plugin enabled, SystemdCgroup = true for runc, CNI plugins in {}); the original is restored when the host is released.\n",
         super::CNI_BIN_DIR
     );
     out.push_str(&toml::to_string(&doc).map_err(|e| e.to_string())?);
