@@ -647,19 +647,32 @@ async fn external_remediation(c: &CapiCluster<'_>) -> anyhow::Result<()> {
         || async { Ok(requests.get_opt(&machine).await?.is_none().then_some(())) },
     )
     .await?;
+    // Each agent reports its step once it ran (the restart of containerd and the kubelet takes
+    // a while on a busy machine; CI's warm run of 46e1ad7 read the lost host's status before
+    // its report): waited for, not read once.
     for (h, id) in [(&host, &uid), (&lost_host, &lost_uid)] {
-        let reported = c
-            .byohosts()
-            .get(h)
-            .await?
-            .status
-            .and_then(|s| s.remediation);
-        ensure!(
-            reported
-                .as_ref()
-                .is_some_and(|r| r.id == format!("{id}/0") && r.result == "Done"),
-            "{h} reports {reported:?}, not step {id}/0 done"
-        );
+        let want = format!("{id}/0");
+        wait_for(
+            &format!("{h} to report step {want} done"),
+            Duration::from_secs(120),
+            || async {
+                let reported = c
+                    .byohosts()
+                    .get(h)
+                    .await?
+                    .status
+                    .and_then(|s| s.remediation);
+                if let Some(r) = reported.as_ref().filter(|r| r.id == want) {
+                    ensure!(
+                        r.result == "Done",
+                        "{h} reports {r:?}, not step {want} done"
+                    );
+                    return Ok(Some(()));
+                }
+                Ok(None)
+            },
+        )
+        .await?;
     }
     let events =
         byoh_tests::objects::events_about(&bed.admin, POOL, "ByoRemediation", &machine).await;
